@@ -1,0 +1,45 @@
+/* Device backends behind the stream and ops interfaces. The CPU backend is always built; the
+ * CUDA backend when the toolkit is found (K3RT_HAVE_CUDA). Without it every CUDA request fails
+ * with a message saying so. */
+#ifndef K3RT_BACKEND_H
+#define K3RT_BACKEND_H
+
+#include <stddef.h>
+#include <k3rt/errors.h>
+#include <k3rt/stream.h>
+
+struct k3rt_stream {
+    int device;      /* K3RT_DEVICE_CPU or a CUDA ordinal */
+    int role;        /* k3rt_stream_role */
+    int threads;     /* CPU threads work on this stream may use */
+    void *native;    /* cudaStream_t */
+};
+
+struct k3rt_event {
+    int device;
+    void *native;    /* cudaEvent_t */
+};
+
+/* CUDA backend (core/backend/cuda); the no-CUDA build provides versions that fail. */
+int cuda_backend_device_count(void);
+int cuda_stream_create(int device, void **native, k3rt_error *err);
+void cuda_stream_destroy(void *native);
+int cuda_stream_sync(void *native, k3rt_error *err);
+int cuda_event_create(int device, void **native, k3rt_error *err);
+void cuda_event_destroy(void *native);
+int cuda_event_record(void *event, void *stream, k3rt_error *err);
+int cuda_stream_wait(void *stream, void *event, k3rt_error *err);
+void *cuda_alloc(int device, size_t bytes, k3rt_error *err);
+void cuda_free(int device, void *ptr);
+/* Copies in any direction; kind is derived from the two devices. */
+int cuda_memcpy(void *stream, void *dst, int dst_device, const void *src, int src_device,
+                size_t bytes, k3rt_error *err);
+int cuda_memset(void *stream, void *dst, int value, size_t bytes, k3rt_error *err);
+
+/* CPU thread budget: the default for new CPU streams (all cores unless set). */
+int cpu_default_threads(void);
+void cpu_set_default_threads(int threads);
+/* A process-wide single-threaded CPU stream for small host-side work (init, conversions). */
+k3rt_stream *cpu_host_stream(void);
+
+#endif

@@ -1,0 +1,106 @@
+// CUDA backend: streams, events, device memory and copies behind core/backend/backend.h.
+// CUDA types stay inside this file; the C side sees opaque pointers.
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "backend/backend.h"
+}
+
+static int cuda_fail(k3rt_error *err, cudaError_t e, const char *what)
+{
+    return k3rt_fail(err, K3RT_ERR_DEVICE, "CUDA %s failed: %s (%s)", what,
+                     cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+#define CUDA_TRY(call, what)                   \
+    do {                                       \
+        cudaError_t e_ = (call);               \
+        if (e_ != cudaSuccess)                 \
+            return cuda_fail(err, e_, what);   \
+    } while (0)
+
+extern "C" int cuda_backend_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky "no device" error
+        return 0;
+    }
+    return n;
+}
+
+extern "C" int cuda_stream_create(int device, void **native, k3rt_error *err)
+{
+    CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
+    cudaStream_t s;
+    CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    *native = (void *)s;
+    return K3RT_OK;
+}
+
+extern "C" void cuda_stream_destroy(void *native) { cudaStreamDestroy((cudaStream_t)native); }
+
+extern "C" int cuda_stream_sync(void *native, k3rt_error *err)
+{
+    CUDA_TRY(cudaStreamSynchronize((cudaStream_t)native), "cudaStreamSynchronize");
+    return K3RT_OK;
+}
+
+extern "C" int cuda_event_create(int device, void **native, k3rt_error *err)
+{
+    CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
+    cudaEvent_t e;
+    CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    *native = (void *)e;
+    return K3RT_OK;
+}
+
+extern "C" void cuda_event_destroy(void *native) { cudaEventDestroy((cudaEvent_t)native); }
+
+extern "C" int cuda_event_record(void *event, void *stream, k3rt_error *err)
+{
+    CUDA_TRY(cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream), "cudaEventRecord");
+    return K3RT_OK;
+}
+
+extern "C" int cuda_stream_wait(void *stream, void *event, k3rt_error *err)
+{
+    CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0),
+             "cudaStreamWaitEvent");
+    return K3RT_OK;
+}
+
+extern "C" void *cuda_alloc(int device, size_t bytes, k3rt_error *err)
+{
+    void *p = nullptr;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess)
+        e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cuda_fail(err, e, "cudaMalloc");
+        return nullptr;
+    }
+    return p;
+}
+
+extern "C" void cuda_free(int device, void *ptr)
+{
+    (void)device;
+    cudaFree(ptr);
+}
+
+extern "C" int cuda_memcpy(void *stream, void *dst, int dst_device, const void *src,
+                           int src_device, size_t bytes, k3rt_error *err)
+{
+    cudaMemcpyKind kind = cudaMemcpyDefault;
+    (void)dst_device;
+    (void)src_device;
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, (cudaStream_t)stream), "cudaMemcpyAsync");
+    return K3RT_OK;
+}
+
+extern "C" int cuda_memset(void *stream, void *dst, int value, size_t bytes, k3rt_error *err)
+{
+    CUDA_TRY(cudaMemsetAsync(dst, value, bytes, (cudaStream_t)stream), "cudaMemsetAsync");
+    return K3RT_OK;
+}

@@ -1,0 +1,19 @@
+/* The k3rt subcommands. Each returns the process exit status: 0 ok, 1 failure, 2 usage. */
+#ifndef K3RT_CLI_COMMANDS_H
+#define K3RT_CLI_COMMANDS_H
+
+typedef struct cli_command {
+    const char *name;
+    int (*run)(int argc, char **argv);  /* argv[0] is the command name */
+} cli_command;
+
+const cli_command *cli_commands(void);  /* terminated by a NULL name */
+const char *cli_version(void);
+
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_sample(int argc, char **argv);
+int cmd_op(int argc, char **argv);
+int cmd_plugins(int argc, char **argv);
+
+#endif

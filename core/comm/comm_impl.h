@@ -1,0 +1,45 @@
+/* The communicator object behind k3rt/comm.h: a backend's function table plus rank, size and
+ * the plan's sub-groups. */
+#ifndef K3RT_COMM_IMPL_H
+#define K3RT_COMM_IMPL_H
+
+#include <k3rt/comm.h>
+
+typedef struct comm_ops {
+    const char *name;
+    int (*all_reduce)(k3rt_comm *c, const void *send, void *recv, int64_t count, int dtype,
+                      int op, k3rt_error *err);
+    int (*all_gather)(k3rt_comm *c, const void *send, void *recv, int64_t count, int dtype,
+                      k3rt_error *err);
+    int (*reduce_scatter)(k3rt_comm *c, const void *send, void *recv, int64_t count,
+                          int dtype, int op, k3rt_error *err);
+    int (*all_to_all_v)(k3rt_comm *c, const void *send, const int64_t *send_counts,
+                        const int64_t *send_displs, void *recv, const int64_t *recv_counts,
+                        const int64_t *recv_displs, int dtype, k3rt_error *err);
+    int (*send)(k3rt_comm *c, const void *buf, int64_t count, int dtype, int peer,
+                k3rt_error *err);
+    int (*recv)(k3rt_comm *c, void *buf, int64_t count, int dtype, int peer, k3rt_error *err);
+    int (*broadcast)(k3rt_comm *c, void *buf, int64_t count, int dtype, int root,
+                     k3rt_error *err);
+    int (*barrier)(k3rt_comm *c, k3rt_error *err);
+} comm_ops;
+
+struct k3rt_comm {
+    const comm_ops *ops;
+    int rank, size;
+    void *impl;
+    k3rt_comm *groups[4];  /* k3rt_group -> communicator (world at 0) */
+    int owns_groups;
+};
+
+/* `local`: size communicators for size threads of this process; comms[r] belongs to the
+ * thread of rank r. Sub-groups: dp = the world, ep = cp = the rank alone (ep = cp = 1 until
+ * expert and context parallelism land). */
+int comm_local_create(int size, k3rt_comm ***comms, k3rt_error *err);
+void comm_local_destroy(k3rt_comm **comms, int size);
+
+/* Reduction of `count` elements of src into acc (acc op= src), shared by backends. */
+int comm_reduce_into(void *acc, const void *src, int64_t count, int dtype, int op,
+                     k3rt_error *err);
+
+#endif

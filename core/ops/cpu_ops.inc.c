@@ -1,0 +1,282 @@
+/* CPU reference kernels, written once over REAL; included by cpu_ops_f32.c / cpu_ops_f64.c
+ * with REAL and SUF(name) defined. Shapes in comments are (rows, cols). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <k3rt/ops.h>
+
+/* RMSNorm over rows of x(n,d): y = x * rstd * gain, rstd = 1/sqrt(mean(x^2) + eps). */
+void SUF(cpu_rmsnorm_fwd)(const REAL *x, const REAL *gain, REAL *y, REAL *rstd, int64_t n,
+                          int64_t d, double eps, int threads)
+{
+#pragma omp parallel for num_threads(threads) if (n * d > 32768) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const REAL *xi = x + i * d;
+        REAL *yi = y + i * d;
+        double ss = 0.0;
+        for (int64_t j = 0; j < d; j++)
+            ss += (double)xi[j] * (double)xi[j];
+        REAL r = (REAL)(1.0 / sqrt(ss / (double)d + eps));
+        if (rstd)
+            rstd[i] = r;
+        for (int64_t j = 0; j < d; j++)
+            yi[j] = xi[j] * r * (gain ? gain[j] : (REAL)1);
+    }
+}
+
+/* u = gain * dy;  dx = r * u - r^3 * x * (u . x) / d;  dgain += sum_rows dy * x * r */
+void SUF(cpu_rmsnorm_bwd)(const REAL *x, const REAL *gain, const REAL *rstd, const REAL *dy,
+                          REAL *dx, REAL *dgain, int64_t n, int64_t d, int acc, int threads)
+{
+    if (dx) {
+#pragma omp parallel for num_threads(threads) if (n * d > 32768) schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            const REAL *xi = x + i * d, *dyi = dy + i * d;
+            REAL *dxi = dx + i * d;
+            double r = rstd[i], dot = 0.0;
+            for (int64_t j = 0; j < d; j++)
+                dot += (double)(gain ? gain[j] * dyi[j] : dyi[j]) * (double)xi[j];
+            double c = r * r * r * dot / (double)d;
+            for (int64_t j = 0; j < d; j++) {
+                double u = gain ? (double)gain[j] * dyi[j] : (double)dyi[j];
+                REAL v = (REAL)(r * u - c * (double)xi[j]);
+                dxi[j] = acc ? dxi[j] + v : v;
+            }
+        }
+    }
+    if (dgain) {
+        int64_t blocks = (n + CPU_REDUCE_BLOCK - 1) / CPU_REDUCE_BLOCK;
+        REAL *part = calloc((size_t)(blocks * d), sizeof(REAL));
+#pragma omp parallel for num_threads(threads) if (n * d > 32768) schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t end = (b + 1) * CPU_REDUCE_BLOCK < n ? (b + 1) * CPU_REDUCE_BLOCK : n;
+            REAL *p = part + b * d;
+            for (int64_t i = b * CPU_REDUCE_BLOCK; i < end; i++)
+                for (int64_t j = 0; j < d; j++)
+                    p[j] += dy[i * d + j] * x[i * d + j] * rstd[i];
+        }
+        for (int64_t b = 0; b < blocks; b++)
+            for (int64_t j = 0; j < d; j++)
+                dgain[j] += part[b * d + j];
+        free(part);
+    }
+}
+
+void SUF(cpu_embedding_fwd)(const REAL *table, const int32_t *tok, REAL *out, int64_t n,
+                            int64_t d, int threads)
+{
+#pragma omp parallel for num_threads(threads) if (n * d > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        memcpy(out + i * d, table + (int64_t)tok[i] * d, (size_t)d * sizeof(REAL));
+}
+
+/* Threads own disjoint column ranges and walk the tokens in order: deterministic. */
+void SUF(cpu_embedding_bwd)(const int32_t *tok, const REAL *dout, REAL *dtable, int64_t n,
+                            int64_t d, int threads)
+{
+#pragma omp parallel num_threads(threads) if (n * d > 65536)
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        int64_t j0 = d * t / nt, j1 = d * (t + 1) / nt;
+        for (int64_t i = 0; i < n; i++) {
+            REAL *row = dtable + (int64_t)tok[i] * d;
+            const REAL *g = dout + i * d;
+            for (int64_t j = j0; j < j1; j++)
+                row[j] += g[j];
+        }
+    }
+}
+
+void SUF(cpu_xent_fwd)(const REAL *logits, const int32_t *tgt, REAL *loss, REAL *lse,
+                       int64_t n, int64_t v, int threads)
+{
+#pragma omp parallel for num_threads(threads) if (n * v > 32768) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const REAL *li = logits + i * v;
+        REAL m = li[0];
+        for (int64_t j = 1; j < v; j++)
+            if (li[j] > m)
+                m = li[j];
+        double s = 0.0;
+        for (int64_t j = 0; j < v; j++)
+            s += exp((double)(li[j] - m));
+        double l = (double)m + log(s);
+        if (lse)
+            lse[i] = (REAL)l;
+        if (loss)
+            loss[i] = tgt[i] < 0 ? (REAL)0 : (REAL)(l - (double)li[tgt[i]]);
+    }
+}
+
+void SUF(cpu_xent_bwd)(const REAL *logits, const int32_t *tgt, const REAL *lse, double scale,
+                       REAL *dlogits, int64_t n, int64_t v, int threads)
+{
+#pragma omp parallel for num_threads(threads) if (n * v > 32768) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const REAL *li = logits + i * v;
+        REAL *di = dlogits + i * v;
+        if (tgt[i] < 0) {
+            for (int64_t j = 0; j < v; j++)
+                di[j] = 0;
+            continue;
+        }
+        double l = lse[i];
+        for (int64_t j = 0; j < v; j++)
+            di[j] = (REAL)(exp((double)li[j] - l) * scale);
+        di[tgt[i]] -= (REAL)scale;
+    }
+}
+
+static inline REAL SUF(sigmoid)(REAL x)
+{
+    /* Branch on the sign so exp never overflows. */
+    if (x >= 0) {
+        REAL e = (REAL)exp(-(double)x);
+        return (REAL)1 / ((REAL)1 + e);
+    }
+    REAL e = (REAL)exp((double)x);
+    return e / ((REAL)1 + e);
+}
+
+static inline REAL SUF(act_value)(int act, REAL x)
+{
+    switch (act) {
+    case K3RT_ACT_SILU: return x * SUF(sigmoid)(x);
+    case K3RT_ACT_SIGMOID: return SUF(sigmoid)(x);
+    case K3RT_ACT_SOFTPLUS:
+        return x > 0 ? x + (REAL)log1p(exp(-(double)x)) : (REAL)log1p(exp((double)x));
+    case K3RT_ACT_TANH: return (REAL)tanh((double)x);
+    case K3RT_ACT_RELU: return x > 0 ? x : 0;
+    default: return x;
+    }
+}
+
+static inline REAL SUF(act_slope)(int act, REAL x)
+{
+    switch (act) {
+    case K3RT_ACT_SILU: {
+        REAL s = SUF(sigmoid)(x);
+        return s * ((REAL)1 + x * ((REAL)1 - s));
+    }
+    case K3RT_ACT_SIGMOID: {
+        REAL s = SUF(sigmoid)(x);
+        return s * ((REAL)1 - s);
+    }
+    case K3RT_ACT_SOFTPLUS: return SUF(sigmoid)(x);
+    case K3RT_ACT_TANH: {
+        REAL t = (REAL)tanh((double)x);
+        return (REAL)1 - t * t;
+    }
+    case K3RT_ACT_RELU: return x > 0 ? (REAL)1 : (REAL)0;
+    default: return (REAL)1;
+    }
+}
+
+void SUF(cpu_act_fwd)(int act, const REAL *x, REAL *y, int64_t n, int threads)
+{
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        y[i] = SUF(act_value)(act, x[i]);
+}
+
+void SUF(cpu_act_bwd)(int act, const REAL *x, const REAL *dy, REAL *dx, int64_t n, int acc,
+                      int threads)
+{
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        REAL v = dy[i] * SUF(act_slope)(act, x[i]);
+        dx[i] = acc ? dx[i] + v : v;
+    }
+}
+
+/* SwiGLU: a = silu(g), b = u.  SiTU: a = b1 tanh(g/b1) sigmoid(g), b = b2 tanh(u/b2). */
+void SUF(cpu_glu_fwd)(int glu, const REAL *g, const REAL *u, REAL *out, int64_t n, double b1,
+                      double b2, int threads)
+{
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        REAL sg = SUF(sigmoid)(g[i]);
+        if (glu == K3RT_GLU_SITU) {
+            REAL a = (REAL)(b1 * tanh((double)g[i] / b1)) * sg;
+            REAL b = (REAL)(b2 * tanh((double)u[i] / b2));
+            out[i] = a * b;
+        } else {
+            out[i] = g[i] * sg * u[i];
+        }
+    }
+}
+
+void SUF(cpu_glu_bwd)(int glu, const REAL *g, const REAL *u, const REAL *dout, REAL *dg,
+                      REAL *du, int64_t n, double b1, double b2, int threads)
+{
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        REAL sg = SUF(sigmoid)(g[i]);
+        if (glu == K3RT_GLU_SITU) {
+            REAL t1 = (REAL)tanh((double)g[i] / b1), t2 = (REAL)tanh((double)u[i] / b2);
+            REAL a = (REAL)b1 * t1 * sg, b = (REAL)b2 * t2;
+            REAL da = ((REAL)1 - t1 * t1) * sg + (REAL)b1 * t1 * sg * ((REAL)1 - sg);
+            REAL db = (REAL)1 - t2 * t2;
+            dg[i] = dout[i] * b * da;
+            du[i] = dout[i] * a * db;
+        } else {
+            REAL silu = g[i] * sg;
+            dg[i] = dout[i] * u[i] * sg * ((REAL)1 + g[i] * ((REAL)1 - sg));
+            du[i] = dout[i] * silu;
+        }
+    }
+}
+
+void SUF(cpu_axpby)(int64_t n, double alpha, const REAL *x, double beta, REAL *y, int threads)
+{
+    REAL a = (REAL)alpha, b = (REAL)beta;
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        y[i] = beta == 0.0 ? a * x[i] : a * x[i] + b * y[i];
+}
+
+void SUF(cpu_mul)(int64_t n, const REAL *a, const REAL *b, REAL *out, int threads)
+{
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = a[i] * b[i];
+}
+
+void SUF(cpu_fill)(REAL *x, int64_t n, double value, int threads)
+{
+    REAL v = (REAL)value;
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        x[i] = v;
+}
+
+/* Accumulated in double, sequentially: the gradient norm must not depend on threads. */
+double SUF(cpu_sum_squares)(const REAL *x, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)x[i] * (double)x[i];
+    return s;
+}
+
+/* db(out) += column sums of dy(n,out), in fixed row blocks. */
+void SUF(cpu_bias_grad)(const REAL *dy, REAL *db, int64_t n, int64_t out, int threads)
+{
+    int64_t blocks = (n + CPU_REDUCE_BLOCK - 1) / CPU_REDUCE_BLOCK;
+    REAL *part = calloc((size_t)(blocks * out), sizeof(REAL));
+#pragma omp parallel for num_threads(threads) if (n * out > 32768) schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t end = (b + 1) * CPU_REDUCE_BLOCK < n ? (b + 1) * CPU_REDUCE_BLOCK : n;
+        for (int64_t i = b * CPU_REDUCE_BLOCK; i < end; i++)
+            for (int64_t j = 0; j < out; j++)
+                part[b * out + j] += dy[i * out + j];
+    }
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t j = 0; j < out; j++)
+            db[j] += part[b * out + j];
+    free(part);
+}

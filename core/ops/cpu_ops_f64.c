@@ -1,0 +1,8 @@
+/* double instantiation of the CPU reference kernels (tests). */
+#include "ops/cpu_ops.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#define REAL double
+#define SUF(name) name##_f64
+#include "ops/cpu_ops.inc.c"

@@ -1,0 +1,148 @@
+/* GEMM and linear layers on the CPU through OpenBLAS (cblas, OpenMP build). */
+#include "ops/dispatch.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+/* OpenBLAS's OpenMP build sizes its team from the calling thread's OpenMP budget, so each
+ * rank thread of the local backend gets the stream's share. */
+static void use_threads(k3rt_stream *s)
+{
+    int want = k3rt_stream_threads(s);
+    if (omp_get_max_threads() != want)
+        omp_set_num_threads(want);
+}
+
+static int check_cpu_float(k3rt_stream *s, int dtype, const char *op, k3rt_error *err)
+{
+    if (k3rt_stream_device(s) != K3RT_DEVICE_CPU)
+        return ops_no_cuda_kernel(err, op);
+    if (dtype != K3RT_F32 && dtype != K3RT_F64)
+        return ops_bad_dtype(err, op, dtype);
+    use_threads(s);
+    return K3RT_OK;
+}
+
+static void gemm_one(int dtype, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
+                     const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                     void *c, int64_t ldc)
+{
+    if (m <= 0 || n <= 0)
+        return;
+    enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans;
+    enum CBLAS_TRANSPOSE TB = tb ? CblasTrans : CblasNoTrans;
+    if (dtype == K3RT_F32)
+        cblas_sgemm(CblasRowMajor, TA, TB, (blasint)m, (blasint)n, (blasint)k, (float)alpha,
+                    a, (blasint)lda, b, (blasint)ldb, (float)beta, c, (blasint)ldc);
+    else
+        cblas_dgemm(CblasRowMajor, TA, TB, (blasint)m, (blasint)n, (blasint)k, alpha, a,
+                    (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+int k3rt_gemm(k3rt_stream *s, int dtype, int trans_a, int trans_b, int64_t m, int64_t n,
+              int64_t k, double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+              double beta, void *c, int64_t ldc, k3rt_error *err)
+{
+    K3RT_TRY(check_cpu_float(s, dtype, "gemm", err));
+    gemm_one(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return K3RT_OK;
+}
+
+int k3rt_gemm_strided_batched(k3rt_stream *s, int dtype, int trans_a, int trans_b, int64_t m,
+                              int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
+                              int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
+                              double beta, void *c, int64_t ldc, int64_t stride_c,
+                              int64_t batch, k3rt_error *err)
+{
+    K3RT_TRY(check_cpu_float(s, dtype, "gemm_strided_batched", err));
+    size_t es = k3rt_dtype_size(dtype);
+    int threads = k3rt_stream_threads(s);
+    /* Many small products: one per thread (BLAS then runs single-threaded inside the team). */
+#pragma omp parallel for num_threads(threads) if (batch >= threads && threads > 1) schedule(static)
+    for (int64_t i = 0; i < batch; i++)
+        gemm_one(dtype, trans_a, trans_b, m, n, k, alpha, (const char *)a + i * stride_a * es,
+                 lda, (const char *)b + i * stride_b * es, ldb, beta,
+                 (char *)c + i * stride_c * es, ldc);
+    return K3RT_OK;
+}
+
+int k3rt_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void *w, const void *bias,
+                    void *y, int64_t n, int64_t in, int64_t out, k3rt_error *err)
+{
+    K3RT_TRY(check_cpu_float(s, dtype, "linear_fwd", err));
+    gemm_one(dtype, 0, 1, n, out, in, 1.0, x, in, w, in, 0.0, y, out);
+    if (bias) {
+        size_t es = k3rt_dtype_size(dtype);
+        for (int64_t i = 0; i < n; i++)
+            K3RT_TRY(k3rt_axpby(s, dtype, out, 1.0, bias, 1.0, (char *)y + i * out * es, err));
+    }
+    return K3RT_OK;
+}
+
+int k3rt_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void *w, const void *dy,
+                    void *dx, void *dw, void *db, int64_t n, int64_t in, int64_t out,
+                    int accumulate_dx, k3rt_error *err)
+{
+    K3RT_TRY(check_cpu_float(s, dtype, "linear_bwd", err));
+    if (dx)
+        gemm_one(dtype, 0, 0, n, in, out, 1.0, dy, out, w, in, accumulate_dx ? 1.0 : 0.0, dx,
+                 in);
+    if (dw)
+        gemm_one(dtype, 1, 0, out, in, n, 1.0, dy, out, x, in, 1.0, dw, in);
+    if (db) {
+        int threads = k3rt_stream_threads(s);
+        if (dtype == K3RT_F32)
+            cpu_bias_grad_f32(dy, db, n, out, threads);
+        else
+            cpu_bias_grad_f64(dy, db, n, out, threads);
+    }
+    return K3RT_OK;
+}
+
+static int check_offsets(const int64_t *offsets, int64_t groups, k3rt_error *err)
+{
+    if (!offsets || offsets[0] != 0)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "grouped linear: offsets must start at 0");
+    for (int64_t g = 0; g < groups; g++)
+        if (offsets[g + 1] < offsets[g])
+            return k3rt_fail(err, K3RT_ERR_INVALID,
+                             "grouped linear: offsets decrease at group %lld", (long long)g);
+    return K3RT_OK;
+}
+
+int k3rt_grouped_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void *w, void *y,
+                            const int64_t *offsets, int64_t groups, int64_t in, int64_t out,
+                            k3rt_error *err)
+{
+    K3RT_TRY(check_cpu_float(s, dtype, "grouped_linear_fwd", err));
+    K3RT_TRY(check_offsets(offsets, groups, err));
+    size_t es = k3rt_dtype_size(dtype);
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
+        gemm_one(dtype, 0, 1, rows, out, in, 1.0, (const char *)x + r0 * in * es, in,
+                 (const char *)w + g * out * in * es, in, 0.0, (char *)y + r0 * out * es, out);
+    }
+    return K3RT_OK;
+}
+
+int k3rt_grouped_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void *w,
+                            const void *dy, void *dx, void *dw, const int64_t *offsets,
+                            int64_t groups, int64_t in, int64_t out, int accumulate_dx,
+                            k3rt_error *err)
+{
+    K3RT_TRY(check_cpu_float(s, dtype, "grouped_linear_bwd", err));
+    K3RT_TRY(check_offsets(offsets, groups, err));
+    size_t es = k3rt_dtype_size(dtype);
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
+        const char *xg = (const char *)x + r0 * in * es, *dyg = (const char *)dy + r0 * out * es;
+        const char *wg = (const char *)w + g * out * in * es;
+        if (dx)
+            gemm_one(dtype, 0, 0, rows, in, out, 1.0, dyg, out, wg, in,
+                     accumulate_dx ? 1.0 : 0.0, (char *)dx + r0 * in * es, in);
+        if (dw && rows > 0)
+            gemm_one(dtype, 1, 0, out, in, rows, 1.0, dyg, out, xg, in, 1.0,
+                     (char *)dw + g * out * in * es, in);
+    }
+    return K3RT_OK;
+}

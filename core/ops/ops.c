@@ -1,0 +1,193 @@
+/* The shared ops' public entry points (k3rt/ops.h): argument checks and dispatch. */
+#include "ops/dispatch.h"
+
+int ops_no_cuda_kernel(k3rt_error *err, const char *op)
+{
+    return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "op %s has no CUDA kernel in this build", op);
+}
+
+int ops_bad_dtype(k3rt_error *err, const char *op, int dtype)
+{
+    return k3rt_fail(err, K3RT_ERR_INVALID, "op %s: dtype %s is not supported on the CPU "
+                     "(f32 or f64)", op, k3rt_dtype_name(dtype));
+}
+
+int k3rt_rmsnorm_fwd(k3rt_stream *s, int dtype, const void *x, const void *gain, void *y,
+                     void *rstd, int64_t n, int64_t d, double eps, k3rt_error *err)
+{
+#define CALL(S, R, NT) \
+    cpu_rmsnorm_fwd_##S((const R *)x, (const R *)gain, (R *)y, (R *)rstd, n, d, eps, NT)
+    OPS_DISPATCH(s, dtype, "rmsnorm_fwd", CALL);
+#undef CALL
+}
+
+int k3rt_rmsnorm_bwd(k3rt_stream *s, int dtype, const void *x, const void *gain,
+                     const void *rstd, const void *dy, void *dx, void *dgain, int64_t n,
+                     int64_t d, int accumulate_dx, k3rt_error *err)
+{
+#define CALL(S, R, NT)                                                                       \
+    cpu_rmsnorm_bwd_##S((const R *)x, (const R *)gain, (const R *)rstd, (const R *)dy,       \
+                        (R *)dx, (R *)dgain, n, d, accumulate_dx, NT)
+    OPS_DISPATCH(s, dtype, "rmsnorm_bwd", CALL);
+#undef CALL
+}
+
+static int check_tokens(const int32_t *tokens, int64_t n, int64_t vocab, k3rt_error *err)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab)
+            return k3rt_fail(err, K3RT_ERR_INVALID,
+                             "token %d at position %lld is outside the vocabulary [0, %lld)",
+                             tokens[i], (long long)i, (long long)vocab);
+    return K3RT_OK;
+}
+
+int k3rt_embedding_fwd(k3rt_stream *s, int dtype, const void *table, const int32_t *tokens,
+                       void *out, int64_t n, int64_t vocab, int64_t d, k3rt_error *err)
+{
+    if (k3rt_stream_device(s) == K3RT_DEVICE_CPU)
+        K3RT_TRY(check_tokens(tokens, n, vocab, err));
+#define CALL(S, R, NT) cpu_embedding_fwd_##S((const R *)table, tokens, (R *)out, n, d, NT)
+    OPS_DISPATCH(s, dtype, "embedding_fwd", CALL);
+#undef CALL
+}
+
+int k3rt_embedding_bwd(k3rt_stream *s, int dtype, const int32_t *tokens, const void *dout,
+                       void *dtable, int64_t n, int64_t vocab, int64_t d, k3rt_error *err)
+{
+    if (k3rt_stream_device(s) == K3RT_DEVICE_CPU)
+        K3RT_TRY(check_tokens(tokens, n, vocab, err));
+#define CALL(S, R, NT) cpu_embedding_bwd_##S(tokens, (const R *)dout, (R *)dtable, n, d, NT)
+    OPS_DISPATCH(s, dtype, "embedding_bwd", CALL);
+#undef CALL
+}
+
+static int check_targets(const int32_t *targets, int64_t n, int64_t v, k3rt_error *err)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (targets[i] >= v)
+            return k3rt_fail(err, K3RT_ERR_INVALID,
+                             "target %d at position %lld is outside the vocabulary [0, %lld)",
+                             targets[i], (long long)i, (long long)v);
+    return K3RT_OK;
+}
+
+int k3rt_xent_fwd(k3rt_stream *s, int dtype, const void *logits, const int32_t *targets,
+                  void *loss, void *lse, int64_t n, int64_t v, k3rt_error *err)
+{
+    if (k3rt_stream_device(s) == K3RT_DEVICE_CPU)
+        K3RT_TRY(check_targets(targets, n, v, err));
+#define CALL(S, R, NT) \
+    cpu_xent_fwd_##S((const R *)logits, targets, (R *)loss, (R *)lse, n, v, NT)
+    OPS_DISPATCH(s, dtype, "xent_fwd", CALL);
+#undef CALL
+}
+
+int k3rt_xent_bwd(k3rt_stream *s, int dtype, const void *logits, const int32_t *targets,
+                  const void *lse, double scale, void *dlogits, int64_t n, int64_t v,
+                  k3rt_error *err)
+{
+    if (k3rt_stream_device(s) == K3RT_DEVICE_CPU)
+        K3RT_TRY(check_targets(targets, n, v, err));
+#define CALL(S, R, NT) \
+    cpu_xent_bwd_##S((const R *)logits, targets, (const R *)lse, scale, (R *)dlogits, n, v, NT)
+    OPS_DISPATCH(s, dtype, "xent_bwd", CALL);
+#undef CALL
+}
+
+static int check_act(int act, k3rt_error *err)
+{
+    if (act < K3RT_ACT_IDENTITY || act > K3RT_ACT_RELU)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "unknown activation %d", act);
+    return K3RT_OK;
+}
+
+int k3rt_act_fwd(k3rt_stream *s, int dtype, int act, const void *x, void *y, int64_t n,
+                 k3rt_error *err)
+{
+    K3RT_TRY(check_act(act, err));
+#define CALL(S, R, NT) cpu_act_fwd_##S(act, (const R *)x, (R *)y, n, NT)
+    OPS_DISPATCH(s, dtype, "act_fwd", CALL);
+#undef CALL
+}
+
+int k3rt_act_bwd(k3rt_stream *s, int dtype, int act, const void *x, const void *dy, void *dx,
+                 int64_t n, int accumulate_dx, k3rt_error *err)
+{
+    K3RT_TRY(check_act(act, err));
+#define CALL(S, R, NT) \
+    cpu_act_bwd_##S(act, (const R *)x, (const R *)dy, (R *)dx, n, accumulate_dx, NT)
+    OPS_DISPATCH(s, dtype, "act_bwd", CALL);
+#undef CALL
+}
+
+static int check_glu(int glu, double b1, double b2, k3rt_error *err)
+{
+    if (glu != K3RT_GLU_SWIGLU && glu != K3RT_GLU_SITU)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "unknown GLU variant %d", glu);
+    if (glu == K3RT_GLU_SITU && (!(b1 > 0) || !(b2 > 0)))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "SiTU-GLU needs beta1 > 0 and beta2 > 0 "
+                         "(got %g, %g)", b1, b2);
+    return K3RT_OK;
+}
+
+int k3rt_glu_fwd(k3rt_stream *s, int dtype, int glu, const void *gate, const void *up,
+                 void *out, int64_t n, double beta1, double beta2, k3rt_error *err)
+{
+    K3RT_TRY(check_glu(glu, beta1, beta2, err));
+#define CALL(S, R, NT) \
+    cpu_glu_fwd_##S(glu, (const R *)gate, (const R *)up, (R *)out, n, beta1, beta2, NT)
+    OPS_DISPATCH(s, dtype, "glu_fwd", CALL);
+#undef CALL
+}
+
+int k3rt_glu_bwd(k3rt_stream *s, int dtype, int glu, const void *gate, const void *up,
+                 const void *dout, void *dgate, void *dup, int64_t n, double beta1,
+                 double beta2, k3rt_error *err)
+{
+    K3RT_TRY(check_glu(glu, beta1, beta2, err));
+#define CALL(S, R, NT)                                                                    \
+    cpu_glu_bwd_##S(glu, (const R *)gate, (const R *)up, (const R *)dout, (R *)dgate,     \
+                    (R *)dup, n, beta1, beta2, NT)
+    OPS_DISPATCH(s, dtype, "glu_bwd", CALL);
+#undef CALL
+}
+
+int k3rt_axpby(k3rt_stream *s, int dtype, int64_t n, double alpha, const void *x, double beta,
+               void *y, k3rt_error *err)
+{
+#define CALL(S, R, NT) cpu_axpby_##S(n, alpha, (const R *)x, beta, (R *)y, NT)
+    OPS_DISPATCH(s, dtype, "axpby", CALL);
+#undef CALL
+}
+
+int k3rt_mul(k3rt_stream *s, int dtype, int64_t n, const void *a, const void *b, void *out,
+             k3rt_error *err)
+{
+#define CALL(S, R, NT) cpu_mul_##S(n, (const R *)a, (const R *)b, (R *)out, NT)
+    OPS_DISPATCH(s, dtype, "mul", CALL);
+#undef CALL
+}
+
+int k3rt_fill(k3rt_stream *s, int dtype, void *x, int64_t n, double value, k3rt_error *err)
+{
+#define CALL(S, R, NT) cpu_fill_##S((R *)x, n, value, NT)
+    OPS_DISPATCH(s, dtype, "fill", CALL);
+#undef CALL
+}
+
+int k3rt_sum_squares(k3rt_stream *s, int dtype, const void *x, int64_t n, double *out,
+                     k3rt_error *err)
+{
+#define CALL(S, R, NT) ((void)(NT), *out = cpu_sum_squares_##S((const R *)x, n))
+    OPS_DISPATCH(s, dtype, "sum_squares", CALL);
+#undef CALL
+}
+
+int k3rt_cast(k3rt_stream *s, const void *src, int src_dtype, void *dst, int dst_dtype,
+              int64_t n, k3rt_error *err)
+{
+    if (k3rt_stream_device(s) != K3RT_DEVICE_CPU)
+        return ops_no_cuda_kernel(err, "cast");
+    return k3rt_convert(dst, dst_dtype, src, src_dtype, n, err);
+}

@@ -1,0 +1,31 @@
+/* The concrete sinks behind k3rt_param_sink and k3rt_tensor_sink. */
+#ifndef K3RT_PLUGIN_SINKS_H
+#define K3RT_PLUGIN_SINKS_H
+
+#include <k3rt/plugin.h>
+
+typedef struct param_sink_item {
+    k3rt_param_decl decl;  /* decl.name points at name below */
+    char name[128];
+} param_sink_item;
+
+struct k3rt_param_sink {
+    param_sink_item *items;
+    int n, cap;
+};
+
+typedef struct tensor_sink_item {
+    char name[128];
+    k3rt_tensor t;
+    int reduce;
+} tensor_sink_item;
+
+struct k3rt_tensor_sink {
+    tensor_sink_item *items;
+    int n, cap;
+};
+
+void param_sink_free(k3rt_param_sink *sink);
+void tensor_sink_free(k3rt_tensor_sink *sink);
+
+#endif

@@ -1,0 +1,139 @@
+/* Streams, events and device memory (k3rt/stream.h), dispatched to the CPU or CUDA backend. */
+#include "backend/backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int is_cpu(int device) { return device == K3RT_DEVICE_CPU; }
+
+int k3rt_stream_create(int device, int role, k3rt_stream **out, k3rt_error *err)
+{
+    k3rt_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "cannot allocate a stream");
+    s->device = device;
+    s->role = role;
+    s->threads = cpu_default_threads();
+    if (!is_cpu(device)) {
+        int rc = cuda_stream_create(device, &s->native, err);
+        if (rc) {
+            free(s);
+            return rc;
+        }
+    }
+    *out = s;
+    return K3RT_OK;
+}
+
+void k3rt_stream_destroy(k3rt_stream *s)
+{
+    if (!s)
+        return;
+    if (!is_cpu(s->device))
+        cuda_stream_destroy(s->native);
+    free(s);
+}
+
+int k3rt_stream_device(const k3rt_stream *s) { return s ? s->device : K3RT_DEVICE_CPU; }
+void *k3rt_stream_native(const k3rt_stream *s) { return s ? s->native : NULL; }
+int k3rt_stream_threads(const k3rt_stream *s) { return s && s->threads > 0 ? s->threads : 1; }
+void k3rt_stream_set_threads(k3rt_stream *s, int threads)
+{
+    if (s)
+        s->threads = threads > 0 ? threads : 1;
+}
+
+int k3rt_stream_sync(k3rt_stream *s, k3rt_error *err)
+{
+    if (!s || is_cpu(s->device))
+        return K3RT_OK;
+    return cuda_stream_sync(s->native, err);
+}
+
+int k3rt_event_create(int device, k3rt_event **out, k3rt_error *err)
+{
+    k3rt_event *e = calloc(1, sizeof *e);
+    if (!e)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "cannot allocate an event");
+    e->device = device;
+    if (!is_cpu(device)) {
+        int rc = cuda_event_create(device, &e->native, err);
+        if (rc) {
+            free(e);
+            return rc;
+        }
+    }
+    *out = e;
+    return K3RT_OK;
+}
+
+void k3rt_event_destroy(k3rt_event *e)
+{
+    if (!e)
+        return;
+    if (!is_cpu(e->device))
+        cuda_event_destroy(e->native);
+    free(e);
+}
+
+/* CPU work runs inline, so a CPU event is complete when recorded. */
+int k3rt_event_record(k3rt_event *e, k3rt_stream *s, k3rt_error *err)
+{
+    if (is_cpu(e->device))
+        return K3RT_OK;
+    return cuda_event_record(e->native, s->native, err);
+}
+
+int k3rt_stream_wait(k3rt_stream *s, k3rt_event *e, k3rt_error *err)
+{
+    if (is_cpu(e->device) || is_cpu(s->device))
+        return K3RT_OK;
+    return cuda_stream_wait(s->native, e->native, err);
+}
+
+void *k3rt_alloc(int device, size_t bytes, k3rt_error *err)
+{
+    if (!is_cpu(device))
+        return cuda_alloc(device, bytes, err);
+    /* 64-byte alignment suits AVX-512 loads and keeps rows of small tensors apart. */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p)
+        k3rt_fail(err, K3RT_ERR_NOMEM, "cannot allocate %zu bytes of host memory", bytes);
+    return p;
+}
+
+void k3rt_free(int device, void *ptr)
+{
+    if (!ptr)
+        return;
+    if (!is_cpu(device))
+        cuda_free(device, ptr);
+    else
+        free(ptr);
+}
+
+int k3rt_memcpy(k3rt_stream *s, void *dst, int dst_device, const void *src, int src_device,
+                size_t bytes, k3rt_error *err)
+{
+    if (!bytes)
+        return K3RT_OK;
+    if (is_cpu(dst_device) && is_cpu(src_device)) {
+        memmove(dst, src, bytes);
+        return K3RT_OK;
+    }
+    return cuda_memcpy(s ? s->native : NULL, dst, dst_device, src, src_device, bytes, err);
+}
+
+int k3rt_memset(k3rt_stream *s, void *dst, int device, int value, size_t bytes, k3rt_error *err)
+{
+    if (!bytes)
+        return K3RT_OK;
+    if (is_cpu(device)) {
+        memset(dst, value, bytes);
+        return K3RT_OK;
+    }
+    return cuda_memset(s ? s->native : NULL, dst, value, bytes, err);
+}
+
+int k3rt_cuda_device_count(void) { return cuda_backend_device_count(); }

@@ -1,0 +1,43 @@
+/* Training data: text through the byte tokenizer, or llm.c-format token shards.
+ *
+ * Bytes: every byte is a token (vocabulary 256); the last val_fraction of the file is the
+ * validation split, all of it, and the rest is training data.
+ * Shards: a 256 x int32 little-endian header — [0] magic, [1] version, [2] token count — then
+ * the tokens: magic 20240520 / version 1 = uint16 tokens (GPT-2), magic 20240801 / version 7
+ * = uint32 tokens (Llama-3). The reader checks magic, version, count > 0 and that the file
+ * size is exactly 1024 + count * token size, and says how to fix a mismatch. */
+#ifndef K3RT_DATA_H
+#define K3RT_DATA_H
+
+#include <stdint.h>
+#include <k3rt/errors.h>
+
+typedef struct token_stream {
+    int32_t *tokens;    /* owned */
+    int64_t n;
+    int32_t max_token;  /* largest token id present */
+} token_stream;
+
+int data_load_bytes(const char *path, double val_fraction, token_stream *train,
+                    token_stream *val, k3rt_error *err);
+int data_load_shard(const char *path, token_stream *out, k3rt_error *err);
+/* Writes a shard (tests and tools): version 1 (uint16) when every token < 65536 and
+ * force_u32 is 0, else version 7 (uint32). */
+int data_write_shard(const char *path, const int32_t *tokens, int64_t n, int force_u32,
+                     k3rt_error *err);
+void token_stream_free(token_stream *s);
+
+/* One training batch: B windows of T+1 tokens, inputs [B,T] and targets [B,T] (shifted by 1).
+ * Window starts are drawn from a counter-based generator keyed by (seed, index), so the batch
+ * of a given index is the same on every run and after every resume: `index` is the data
+ * cursor (batches consumed so far, counted over all ranks and micro-batches). */
+int data_batch(const token_stream *s, uint64_t seed, int64_t index, int64_t B, int64_t T,
+               int32_t *inputs, int32_t *targets, k3rt_error *err);
+/* Validation windows cover every target of the split exactly once: window w has inputs
+ * s[w*T .. w*T+T) and targets s[w*T+1 .. w*T+T+1). The last window may be short: its missing
+ * positions get input 0 and target -1 (ignored by the loss). */
+int64_t data_val_windows(const token_stream *s, int64_t T);
+int data_val_window(const token_stream *s, int64_t w, int64_t T, int32_t *inputs,
+                    int32_t *targets, k3rt_error *err);
+
+#endif

@@ -1,0 +1,68 @@
+/* k3rt/config.h — plugin configuration: a declared option schema and typed getters.
+ *
+ * A plugin lists its options (name, type, default, range or choices, help) in its descriptor.
+ * Before create() is called the host validates the recipe's table against that list — an
+ * unknown key fails naming the nearest valid key, a wrong type or out-of-range value fails
+ * naming key, expected and found — and fills in the defaults. create() therefore receives a
+ * complete JSON object (Jansson) and reads it with the getters below, which cannot fail for a
+ * declared option. Cross-option checks (e.g. "latent must divide ...") stay in create().
+ *
+ * k3rt_option entries are read with the stride the descriptor states (option_size), so the
+ * struct may grow at the end like every other ABI struct.
+ */
+#ifndef K3RT_CONFIG_H
+#define K3RT_CONFIG_H
+
+#include <stdint.h>
+#include <jansson.h>
+#include "errors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum k3rt_option_type {
+    K3RT_OPT_INT = 1,
+    K3RT_OPT_FLOAT = 2,   /* accepts integers too */
+    K3RT_OPT_BOOL = 3,
+    K3RT_OPT_STRING = 4   /* with `choices`, one of a '|'-separated list */
+} k3rt_option_type;
+
+enum {
+    K3RT_OPT_NULLABLE = 1u << 0  /* `none`/nil is a valid value (e.g. kda lower_bound) */
+};
+
+typedef struct k3rt_option {
+    const char *name;
+    int32_t type;          /* k3rt_option_type */
+    uint32_t flags;        /* K3RT_OPT_* */
+    const char *default_json; /* JSON text of the default ("4", "-5.0", "null", "\"situ\"");
+                                 NULL makes the option required */
+    double min, max;       /* inclusive range for numbers; ignored when min > max */
+    const char *choices;   /* "situ|swiglu" for strings; NULL accepts any string */
+    const char *help;      /* one line, shown by `k3rt plugins --verbose` */
+} k3rt_option;
+
+#define K3RT_RANGE_ANY 1.0, 0.0  /* min > max: unbounded */
+
+/* Getters over a validated config. A key that was declared is always present. */
+K3RT_API int64_t k3rt_cfg_int(const json_t *cfg, const char *key);
+K3RT_API double k3rt_cfg_float(const json_t *cfg, const char *key);
+K3RT_API int k3rt_cfg_bool(const json_t *cfg, const char *key);
+K3RT_API const char *k3rt_cfg_string(const json_t *cfg, const char *key); /* NULL if null */
+K3RT_API int k3rt_cfg_is_null(const json_t *cfg, const char *key);
+
+/* Validates `cfg` in place against options (unknown keys, types, ranges, choices) and fills
+ * defaults. `what` names the owner in messages ("model.ffn (latent_moe)"). */
+K3RT_API int k3rt_options_apply(const k3rt_option *options, uint32_t n_options,
+                                uint32_t option_size, json_t *cfg, const char *what,
+                                k3rt_error *err);
+
+/* Edit distance helper used for "did you mean" suggestions; returns the closest candidate or
+ * NULL when none is close enough. */
+K3RT_API const char *k3rt_nearest(const char *word, const char *const *candidates, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,35 @@
+/* Helpers shared by the Check suites. */
+#ifndef K3RT_TESTUTIL_H
+#define K3RT_TESTUTIL_H
+
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <k3rt/k3rt.h>
+
+/* Fails the test with the k3rt error message when rc != K3RT_OK. */
+#define TU_OK(rc, err) \
+    ck_assert_msg((rc) == K3RT_OK, "%s:%d: status %d: %s", __FILE__, __LINE__, (rc), (err).msg)
+
+/* Fresh empty directory under $TMPDIR (or /tmp); the path is written into buf. */
+void tu_tmpdir(char *buf, size_t len);
+/* Runs a shell command; returns its exit status (or -1) and, when out != NULL, its combined
+ * stdout+stderr in a malloc'd string. */
+int tu_run(const char *cmd, char **out);
+/* Path of the k3rt binary (K3RT_BIN or the build tree) and of the source tree. */
+const char *tu_k3rt_bin(void);
+const char *tu_source_dir(void);
+/* Writes text to path (fails the test on error). */
+void tu_write_file(const char *path, const char *text);
+/* rms(ref - x) / rms(ref). */
+double tu_rel_rms(const double *ref, const double *x, int64_t n);
+/* Fills with N(0, scale^2) from a seeded generator. */
+void tu_randn(double *x, int64_t n, double scale, uint64_t seed);
+void tu_randnf(float *x, int64_t n, double scale, uint64_t seed);
+/* A CPU stream with `threads` threads (destroyed by the caller). */
+k3rt_stream *tu_cpu_stream(int threads);
+/* Runs one suite and returns the process exit code. */
+int tu_run_suite(Suite *s);
+
+#endif
