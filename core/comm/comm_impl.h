@@ -37,6 +37,8 @@ struct k3rt_comm {
  * expert and context parallelism land). */
 int comm_local_create(int size, k3rt_comm ***comms, k3rt_error *err);
 void comm_local_destroy(k3rt_comm **comms, int size);
+/* Breaks every current and future collective of c's world with an error (a rank failed). */
+void comm_local_abort(k3rt_comm *c);
 
 /* Reduction of `count` elements of src into acc (acc op= src), shared by backends. */
 int comm_reduce_into(void *acc, const void *src, int64_t count, int dtype, int op,

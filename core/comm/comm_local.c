@@ -12,7 +12,9 @@
 
 typedef struct local_world {
     int size;
-    pthread_barrier_t barrier;
+    /* A barrier that can be broken: a rank that fails aborts the world, and every rank waiting
+     * in (or later entering) a collective returns an error instead of hanging. */
+    int arrived, generation, aborted;
     const void *send[LOCAL_MAX_RANKS];
     const int64_t *send_counts[LOCAL_MAX_RANKS];
     const int64_t *send_displs[LOCAL_MAX_RANKS];
@@ -25,91 +27,119 @@ typedef struct local_world {
 
 static local_world *world_of(k3rt_comm *c) { return c->impl; }
 
-static void meet(k3rt_comm *c) { pthread_barrier_wait(&world_of(c)->barrier); }
+static int meet_(k3rt_comm *c, k3rt_error *err)
+{
+    local_world *w = world_of(c);
+    pthread_mutex_lock(&w->lock);
+    int gen = w->generation;
+    if (!w->aborted && ++w->arrived == w->size) {
+        w->arrived = 0;
+        w->generation++;
+        pthread_cond_broadcast(&w->changed);
+    }
+    while (!w->aborted && gen == w->generation)
+        pthread_cond_wait(&w->changed, &w->lock);
+    int aborted = w->aborted;
+    pthread_mutex_unlock(&w->lock);
+    if (aborted)
+        return k3rt_fail(err, K3RT_ERR_COMM, "local backend: another rank failed; rank %d "
+                         "stops", c->rank);
+    return K3RT_OK;
+}
+
+#define meet(c) K3RT_TRY(meet_((c), err))
+
+/* acc = op over ranks (in rank order) of every rank's send buffer at byte `offset`. */
+static int reduce_ranks(k3rt_comm *c, size_t offset, int64_t count, int dtype, int op,
+                        void *acc, k3rt_error *err)
+{
+    local_world *w = world_of(c);
+    memcpy(acc, (const char *)w->send[0] + offset, (size_t)count * k3rt_dtype_size(dtype));
+    int base = op == K3RT_REDUCE_AVG ? K3RT_REDUCE_SUM : op;
+    for (int r = 1; r < c->size; r++)
+        K3RT_TRY(comm_reduce_into(acc, (const char *)w->send[r] + offset, count, dtype, base,
+                                  err));
+    if (op != K3RT_REDUCE_AVG)
+        return K3RT_OK;
+    if (dtype == K3RT_F32)
+        for (int64_t i = 0; i < count; i++)
+            ((float *)acc)[i] /= (float)c->size;
+    else if (dtype == K3RT_F64)
+        for (int64_t i = 0; i < count; i++)
+            ((double *)acc)[i] /= c->size;
+    else
+        return k3rt_fail(err, K3RT_ERR_INVALID, "reduce: AVG needs a float dtype");
+    return K3RT_OK;
+}
+
+/* Publishes send, lets fill() build this rank's result in a private buffer, and copies it to
+ * recv only after every rank has read every send buffer (recv may alias send). */
+typedef int (*local_fill_fn)(k3rt_comm *c, void *tmp, const void *args, k3rt_error *err);
+
+static int exchange(k3rt_comm *c, const void *send, void *recv, size_t out_bytes,
+                    local_fill_fn fill, const void *args, k3rt_error *err)
+{
+    local_world *w = world_of(c);
+    void *tmp = malloc(out_bytes ? out_bytes : 1);
+    if (!tmp)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "local backend: out of memory");
+    w->send[c->rank] = send;
+    int rc = meet_(c, err), filled = K3RT_ERR_COMM;
+    if (!rc)
+        filled = fill(c, tmp, args, err);
+    if (!rc)
+        rc = meet_(c, err);
+    if (!rc && !filled)
+        memcpy(recv, tmp, out_bytes);
+    free(tmp);
+    if (!rc)
+        rc = meet_(c, err);
+    return rc ? rc : filled;
+}
+
+typedef struct reduce_args {
+    int64_t count;
+    int dtype, op, scatter;
+} reduce_args;
+
+static int fill_reduce(k3rt_comm *c, void *tmp, const void *args, k3rt_error *err)
+{
+    const reduce_args *a = args;
+    size_t offset = a->scatter ? (size_t)c->rank * (size_t)a->count * k3rt_dtype_size(a->dtype)
+                               : 0;
+    return reduce_ranks(c, offset, a->count, a->dtype, a->op, tmp, err);
+}
+
+static int fill_gather(k3rt_comm *c, void *tmp, const void *args, k3rt_error *err)
+{
+    (void)err;
+    size_t bytes = *(const size_t *)args;
+    for (int r = 0; r < c->size; r++)
+        memcpy((char *)tmp + (size_t)r * bytes, world_of(c)->send[r], bytes);
+    return K3RT_OK;
+}
 
 static int local_all_reduce(k3rt_comm *c, const void *send, void *recv, int64_t count,
                             int dtype, int op, k3rt_error *err)
 {
-    local_world *w = world_of(c);
-    size_t bytes = (size_t)count * k3rt_dtype_size(dtype);
-    void *acc = malloc(bytes ? bytes : 1);
-    if (!acc)
-        return k3rt_fail(err, K3RT_ERR_NOMEM, "all_reduce: out of memory");
-    w->send[c->rank] = send;
-    meet(c);
-    memcpy(acc, w->send[0], bytes);
-    int rc = K3RT_OK;
-    for (int r = 1; r < c->size && !rc; r++)
-        rc = comm_reduce_into(acc, w->send[r], count, dtype, op, err);
-    if (!rc && op == K3RT_REDUCE_AVG) {
-        double inv = 1.0 / c->size;
-        if (dtype == K3RT_F32)
-            for (int64_t i = 0; i < count; i++)
-                ((float *)acc)[i] = (float)(((float *)acc)[i] * inv);
-        else if (dtype == K3RT_F64)
-            for (int64_t i = 0; i < count; i++)
-                ((double *)acc)[i] *= inv;
-        else
-            rc = k3rt_fail(err, K3RT_ERR_INVALID, "all_reduce: AVG needs a float dtype");
-    }
-    meet(c);  /* everyone has read every send buffer: recv may now overwrite one */
-    if (!rc)
-        memcpy(recv, acc, bytes);
-    free(acc);
-    meet(c);
-    return rc;
-}
-
-static int local_all_gather(k3rt_comm *c, const void *send, void *recv, int64_t count,
-                            int dtype, k3rt_error *err)
-{
-    (void)err;
-    local_world *w = world_of(c);
-    size_t bytes = (size_t)count * k3rt_dtype_size(dtype);
-    char *tmp = malloc(bytes * (size_t)c->size + 1);
-    if (!tmp)
-        return k3rt_fail(err, K3RT_ERR_NOMEM, "all_gather: out of memory");
-    w->send[c->rank] = send;
-    meet(c);
-    for (int r = 0; r < c->size; r++)
-        memcpy(tmp + (size_t)r * bytes, w->send[r], bytes);
-    meet(c);
-    memcpy(recv, tmp, bytes * (size_t)c->size);
-    free(tmp);
-    meet(c);
-    return K3RT_OK;
+    reduce_args a = {count, dtype, op, 0};
+    return exchange(c, send, recv, (size_t)count * k3rt_dtype_size(dtype), fill_reduce, &a,
+                    err);
 }
 
 static int local_reduce_scatter(k3rt_comm *c, const void *send, void *recv, int64_t count,
                                 int dtype, int op, k3rt_error *err)
 {
-    local_world *w = world_of(c);
-    size_t es = k3rt_dtype_size(dtype), bytes = (size_t)count * es;
-    void *acc = malloc(bytes ? bytes : 1);
-    if (!acc)
-        return k3rt_fail(err, K3RT_ERR_NOMEM, "reduce_scatter: out of memory");
-    w->send[c->rank] = send;
-    meet(c);
-    size_t offset = (size_t)c->rank * bytes;
-    memcpy(acc, (const char *)w->send[0] + offset, bytes);
-    int rc = K3RT_OK;
-    for (int r = 1; r < c->size && !rc; r++)
-        rc = comm_reduce_into(acc, (const char *)w->send[r] + offset, count, dtype,
-                              op == K3RT_REDUCE_AVG ? K3RT_REDUCE_SUM : op, err);
-    if (!rc && op == K3RT_REDUCE_AVG) {
-        if (dtype == K3RT_F32)
-            for (int64_t i = 0; i < count; i++)
-                ((float *)acc)[i] /= (float)c->size;
-        else if (dtype == K3RT_F64)
-            for (int64_t i = 0; i < count; i++)
-                ((double *)acc)[i] /= c->size;
-    }
-    meet(c);
-    if (!rc)
-        memcpy(recv, acc, bytes);
-    free(acc);
-    meet(c);
-    return rc;
+    reduce_args a = {count, dtype, op, 1};
+    return exchange(c, send, recv, (size_t)count * k3rt_dtype_size(dtype), fill_reduce, &a,
+                    err);
+}
+
+static int local_all_gather(k3rt_comm *c, const void *send, void *recv, int64_t count,
+                            int dtype, k3rt_error *err)
+{
+    size_t bytes = (size_t)count * k3rt_dtype_size(dtype);
+    return exchange(c, send, recv, bytes * (size_t)c->size, fill_gather, &bytes, err);
 }
 
 static int local_all_to_all_v(k3rt_comm *c, const void *send, const int64_t *send_counts,
@@ -144,17 +174,19 @@ static int local_all_to_all_v(k3rt_comm *c, const void *send, const int64_t *sen
 static int local_send(k3rt_comm *c, const void *buf, int64_t count, int dtype, int peer,
                       k3rt_error *err)
 {
-    (void)err;
     local_world *w = world_of(c);
     pthread_mutex_lock(&w->lock);
-    while (w->mail[c->rank][peer])
+    while (w->mail[c->rank][peer] && !w->aborted)
         pthread_cond_wait(&w->changed, &w->lock);
     w->mail[c->rank][peer] = buf;
     w->mail_bytes[c->rank][peer] = count * (int64_t)k3rt_dtype_size(dtype);
     pthread_cond_broadcast(&w->changed);
-    while (w->mail[c->rank][peer] == buf)
+    while (w->mail[c->rank][peer] == buf && !w->aborted)
         pthread_cond_wait(&w->changed, &w->lock);
+    int aborted = w->aborted;
     pthread_mutex_unlock(&w->lock);
+    if (aborted)
+        return k3rt_fail(err, K3RT_ERR_COMM, "send: another rank failed");
     return K3RT_OK;
 }
 
@@ -164,8 +196,12 @@ static int local_recv(k3rt_comm *c, void *buf, int64_t count, int dtype, int pee
     local_world *w = world_of(c);
     int64_t want = count * (int64_t)k3rt_dtype_size(dtype);
     pthread_mutex_lock(&w->lock);
-    while (!w->mail[peer][c->rank])
+    while (!w->mail[peer][c->rank] && !w->aborted)
         pthread_cond_wait(&w->changed, &w->lock);
+    if (w->aborted) {
+        pthread_mutex_unlock(&w->lock);
+        return k3rt_fail(err, K3RT_ERR_COMM, "recv: another rank failed");
+    }
     int64_t got = w->mail_bytes[peer][c->rank];
     int rc = K3RT_OK;
     if (got != want)
@@ -182,7 +218,6 @@ static int local_recv(k3rt_comm *c, void *buf, int64_t count, int dtype, int pee
 static int local_broadcast(k3rt_comm *c, void *buf, int64_t count, int dtype, int root,
                            k3rt_error *err)
 {
-    (void)err;
     local_world *w = world_of(c);
     w->send[c->rank] = buf;
     meet(c);
@@ -194,9 +229,17 @@ static int local_broadcast(k3rt_comm *c, void *buf, int64_t count, int dtype, in
 
 static int local_barrier(k3rt_comm *c, k3rt_error *err)
 {
-    (void)err;
     meet(c);
     return K3RT_OK;
+}
+
+void comm_local_abort(k3rt_comm *c)
+{
+    local_world *w = world_of(c);
+    pthread_mutex_lock(&w->lock);
+    w->aborted = 1;
+    pthread_cond_broadcast(&w->changed);
+    pthread_mutex_unlock(&w->lock);
 }
 
 static const comm_ops local_ops = {
@@ -217,7 +260,6 @@ static local_world *world_new(int size)
     if (!w)
         return NULL;
     w->size = size;
-    pthread_barrier_init(&w->barrier, NULL, (unsigned)size);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->changed, NULL);
     return w;
@@ -227,7 +269,6 @@ static void world_free(local_world *w)
 {
     if (!w)
         return;
-    pthread_barrier_destroy(&w->barrier);
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->changed);
     free(w);

@@ -63,10 +63,9 @@ void module_destroy(module *m)
     m->config = NULL;
 }
 
-int module_init_param(module *m, int i, k3rt_tensor t, uint64_t seed, const char *full_name,
-                      k3rt_error *err)
+int param_init_values(const k3rt_param_decl *d, k3rt_tensor t, uint64_t seed,
+                      const char *full_name, module *owner, k3rt_error *err)
 {
-    const k3rt_param_decl *d = module_param(m, i);
     k3rt_rng rng;
     k3rt_rng_seed(&rng, seed, k3rt_hash_string(full_name));
     int64_t n = k3rt_tensor_numel(&t);
@@ -74,19 +73,24 @@ int module_init_param(module *m, int i, k3rt_tensor t, uint64_t seed, const char
     switch (d->init) {
     case K3RT_INIT_ZEROS: return k3rt_fill(cpu, t.dtype, t.data, n, 0.0, err);
     case K3RT_INIT_ONES: return k3rt_fill(cpu, t.dtype, t.data, n, 1.0, err);
-    case K3RT_INIT_CONST:
-        return k3rt_fill(cpu, t.dtype, t.data, n, d->init_a, err);
+    case K3RT_INIT_CONST: return k3rt_fill(cpu, t.dtype, t.data, n, d->init_a, err);
     case K3RT_INIT_NORMAL: return k3rt_fill_normal(&t, &rng, 0.0, d->init_a, err);
     case K3RT_INIT_UNIFORM: return k3rt_fill_uniform(&t, &rng, d->init_a, d->init_b, err);
     case K3RT_INIT_PLUGIN:
-        if (!m->e->inst.init_param)
-            return k3rt_fail(err, K3RT_ERR_ABI, "%s: parameter %s asks for plugin init but the "
-                             "plugin has no init_param", m->where, d->name);
-        return module_fail(m, m->e->inst.init_param(m->self, d, t, &rng, err), err);
+        if (!owner || !owner->e->inst.init_param)
+            return k3rt_fail(err, K3RT_ERR_ABI, "parameter %s asks for plugin init but its "
+                             "owner has no init_param", full_name);
+        return module_fail(owner, owner->e->inst.init_param(owner->self, d, t, &rng, err), err);
     default:
-        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: parameter %s has unknown init %d",
-                         m->where, d->name, d->init);
+        return k3rt_fail(err, K3RT_ERR_INVALID, "parameter %s has unknown init %d", full_name,
+                         d->init);
     }
+}
+
+int module_init_param(module *m, int i, k3rt_tensor t, uint64_t seed, const char *full_name,
+                      k3rt_error *err)
+{
+    return param_init_values(module_param(m, i), t, seed, full_name, m, err);
 }
 
 int module_memory(module *m, int64_t batch, int64_t seq, k3rt_memory *out, k3rt_error *err)

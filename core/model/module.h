@@ -33,6 +33,9 @@ static inline const k3rt_param_decl *module_param(const module *m, int i)
  * (seed, full_name) so a parameter's values do not depend on creation order or rank. */
 int module_init_param(module *m, int i, k3rt_tensor t, uint64_t seed, const char *full_name,
                       k3rt_error *err);
+/* The same for any declaration; owner (may be NULL) serves K3RT_INIT_PLUGIN. */
+int param_init_values(const k3rt_param_decl *d, k3rt_tensor t, uint64_t seed,
+                      const char *full_name, module *owner, k3rt_error *err);
 /* Zero-extended results of the optional instance functions (zeros when not provided). */
 int module_memory(module *m, int64_t batch, int64_t seq, k3rt_memory *out, k3rt_error *err);
 int module_flops(module *m, int64_t batch, int64_t seq, k3rt_flops *out, k3rt_error *err);

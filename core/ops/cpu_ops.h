@@ -31,7 +31,10 @@
     void cpu_mul_##SUF(int64_t n, const REAL *a, const REAL *b, REAL *out, int threads);      \
     void cpu_fill_##SUF(REAL *x, int64_t n, double value, int threads);                       \
     double cpu_sum_squares_##SUF(const REAL *x, int64_t n);                                   \
-    void cpu_bias_grad_##SUF(const REAL *dy, REAL *db, int64_t n, int64_t out, int threads);
+    void cpu_bias_grad_##SUF(const REAL *dy, REAL *db, int64_t n, int64_t out, int threads); \
+    void cpu_adamw_##SUF(REAL *p, const REAL *g, REAL *m, REAL *v, int64_t n, double lr,      \
+                         double b1, double b2, double eps, double wd, int64_t step,           \
+                         int threads);
 
 CPU_OPS_DECLARE(float, f32)
 CPU_OPS_DECLARE(double, f64)

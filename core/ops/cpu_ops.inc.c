@@ -1,5 +1,7 @@
 /* CPU reference kernels, written once over REAL; included by cpu_ops_f32.c / cpu_ops_f64.c
- * with REAL and SUF(name) defined. Shapes in comments are (rows, cols). */
+ * with REAL, SUF(name) and the math functions of that precision (R_EXP, R_TANH, R_LOG1P,
+ * R_SQRT) defined, so float runs use float math and vectorise. Shapes in comments are
+ * (rows, cols). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +105,7 @@ void SUF(cpu_xent_fwd)(const REAL *logits, const int32_t *tgt, REAL *loss, REAL 
                 m = li[j];
         double s = 0.0;
         for (int64_t j = 0; j < v; j++)
-            s += exp((double)(li[j] - m));
+            s += (double)R_EXP(li[j] - m);
         double l = (double)m + log(s);
         if (lse)
             lse[i] = (REAL)l;
@@ -124,9 +126,9 @@ void SUF(cpu_xent_bwd)(const REAL *logits, const int32_t *tgt, const REAL *lse, 
                 di[j] = 0;
             continue;
         }
-        double l = lse[i];
+        REAL l = lse[i], sc = (REAL)scale;
         for (int64_t j = 0; j < v; j++)
-            di[j] = (REAL)(exp((double)li[j] - l) * scale);
+            di[j] = R_EXP(li[j] - l) * sc;
         di[tgt[i]] -= (REAL)scale;
     }
 }
@@ -134,12 +136,8 @@ void SUF(cpu_xent_bwd)(const REAL *logits, const int32_t *tgt, const REAL *lse, 
 static inline REAL SUF(sigmoid)(REAL x)
 {
     /* Branch on the sign so exp never overflows. */
-    if (x >= 0) {
-        REAL e = (REAL)exp(-(double)x);
-        return (REAL)1 / ((REAL)1 + e);
-    }
-    REAL e = (REAL)exp((double)x);
-    return e / ((REAL)1 + e);
+    REAL e = R_EXP(x >= 0 ? -x : x);
+    return x >= 0 ? (REAL)1 / ((REAL)1 + e) : e / ((REAL)1 + e);
 }
 
 static inline REAL SUF(act_value)(int act, REAL x)
@@ -148,8 +146,8 @@ static inline REAL SUF(act_value)(int act, REAL x)
     case K3RT_ACT_SILU: return x * SUF(sigmoid)(x);
     case K3RT_ACT_SIGMOID: return SUF(sigmoid)(x);
     case K3RT_ACT_SOFTPLUS:
-        return x > 0 ? x + (REAL)log1p(exp(-(double)x)) : (REAL)log1p(exp((double)x));
-    case K3RT_ACT_TANH: return (REAL)tanh((double)x);
+        return x > 0 ? x + R_LOG1P(R_EXP(-x)) : R_LOG1P(R_EXP(x));
+    case K3RT_ACT_TANH: return R_TANH(x);
     case K3RT_ACT_RELU: return x > 0 ? x : 0;
     default: return x;
     }
@@ -168,7 +166,7 @@ static inline REAL SUF(act_slope)(int act, REAL x)
     }
     case K3RT_ACT_SOFTPLUS: return SUF(sigmoid)(x);
     case K3RT_ACT_TANH: {
-        REAL t = (REAL)tanh((double)x);
+        REAL t = R_TANH(x);
         return (REAL)1 - t * t;
     }
     case K3RT_ACT_RELU: return x > 0 ? (REAL)1 : (REAL)0;
@@ -201,8 +199,8 @@ void SUF(cpu_glu_fwd)(int glu, const REAL *g, const REAL *u, REAL *out, int64_t 
     for (int64_t i = 0; i < n; i++) {
         REAL sg = SUF(sigmoid)(g[i]);
         if (glu == K3RT_GLU_SITU) {
-            REAL a = (REAL)(b1 * tanh((double)g[i] / b1)) * sg;
-            REAL b = (REAL)(b2 * tanh((double)u[i] / b2));
+            REAL a = (REAL)b1 * R_TANH(g[i] / (REAL)b1) * sg;
+            REAL b = (REAL)b2 * R_TANH(u[i] / (REAL)b2);
             out[i] = a * b;
         } else {
             out[i] = g[i] * sg * u[i];
@@ -217,7 +215,7 @@ void SUF(cpu_glu_bwd)(int glu, const REAL *g, const REAL *u, const REAL *dout, R
     for (int64_t i = 0; i < n; i++) {
         REAL sg = SUF(sigmoid)(g[i]);
         if (glu == K3RT_GLU_SITU) {
-            REAL t1 = (REAL)tanh((double)g[i] / b1), t2 = (REAL)tanh((double)u[i] / b2);
+            REAL t1 = R_TANH(g[i] / (REAL)b1), t2 = R_TANH(u[i] / (REAL)b2);
             REAL a = (REAL)b1 * t1 * sg, b = (REAL)b2 * t2;
             REAL da = ((REAL)1 - t1 * t1) * sg + (REAL)b1 * t1 * sg * ((REAL)1 - sg);
             REAL db = (REAL)1 - t2 * t2;
@@ -279,4 +277,22 @@ void SUF(cpu_bias_grad)(const REAL *dy, REAL *db, int64_t n, int64_t out, int th
         for (int64_t j = 0; j < out; j++)
             db[j] += part[b * out + j];
     free(part);
+}
+
+/* Bias corrections and the step size are folded in double once; the element loop runs in
+ * REAL (as torch's AdamW does) so float updates vectorise. */
+void SUF(cpu_adamw)(REAL *p, const REAL *g, REAL *m, REAL *v, int64_t n, double lr, double b1,
+                    double b2, double eps, double wd, int64_t step, int threads)
+{
+    double c1 = 1.0 - pow(b1, (double)step), c2 = 1.0 - pow(b2, (double)step);
+    const REAL decay = (REAL)(1.0 - lr * wd), step_size = (REAL)(lr / c1);
+    const REAL rc2 = (REAL)(1.0 / sqrt(c2)), e = (REAL)eps, B1 = (REAL)b1, B2 = (REAL)b2;
+    const REAL one_b1 = (REAL)(1.0 - b1), one_b2 = (REAL)(1.0 - b2);
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        REAL gi = g[i];
+        m[i] = B1 * m[i] + one_b1 * gi;
+        v[i] = B2 * v[i] + one_b2 * gi * gi;
+        p[i] = p[i] * decay - step_size * m[i] / (R_SQRT(v[i]) * rc2 + e);
+    }
 }

@@ -39,12 +39,51 @@ static void gemm_one(int dtype, int ta, int tb, int64_t m, int64_t n, int64_t k,
                     (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
+/* OpenBLAS gains little from a second thread on the narrow products of small models, so the
+ * output is split here instead: into row blocks when C is tall, column blocks when it is wide,
+ * each computed single-threaded inside one OpenMP team. The blocks depend only on the thread
+ * count, so a run is reproducible for a given count. */
+static void gemm_split(int dtype, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
+                       const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                       void *c, int64_t ldc, int threads)
+{
+    const int64_t min_block = 32;
+    size_t es = k3rt_dtype_size(dtype);
+    if (threads <= 1 || omp_in_parallel() || (double)m * (double)n * (double)k < 1 << 18) {
+        gemm_one(dtype, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    int by_rows = m >= n;
+    int64_t len = by_rows ? m : n;
+    if (len < min_block * 2) {
+        gemm_one(dtype, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    int parts = (int)(len / min_block) < threads ? (int)(len / min_block) : threads;
+#pragma omp parallel num_threads(parts)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t lo = len * t / nt, hi = len * (t + 1) / nt;
+        if (by_rows) {
+            /* rows of op(A): A + lo*lda, or columns of A when transposed */
+            const char *ap = (const char *)a + (size_t)(ta ? lo : lo * lda) * es;
+            gemm_one(dtype, ta, tb, hi - lo, n, k, alpha, ap, lda, b, ldb, beta,
+                     (char *)c + (size_t)(lo * ldc) * es, ldc);
+        } else {
+            const char *bp = (const char *)b + (size_t)(tb ? lo * ldb : lo) * es;
+            gemm_one(dtype, ta, tb, m, hi - lo, k, alpha, a, lda, bp, ldb, beta,
+                     (char *)c + (size_t)lo * es, ldc);
+        }
+    }
+}
+
 int k3rt_gemm(k3rt_stream *s, int dtype, int trans_a, int trans_b, int64_t m, int64_t n,
               int64_t k, double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
               double beta, void *c, int64_t ldc, k3rt_error *err)
 {
     K3RT_TRY(check_cpu_float(s, dtype, "gemm", err));
-    gemm_one(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_split(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+               k3rt_stream_threads(s));
     return K3RT_OK;
 }
 
@@ -70,7 +109,8 @@ int k3rt_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void *w, con
                     void *y, int64_t n, int64_t in, int64_t out, k3rt_error *err)
 {
     K3RT_TRY(check_cpu_float(s, dtype, "linear_fwd", err));
-    gemm_one(dtype, 0, 1, n, out, in, 1.0, x, in, w, in, 0.0, y, out);
+    int threads = k3rt_stream_threads(s);
+    gemm_split(dtype, 0, 1, n, out, in, 1.0, x, in, w, in, 0.0, y, out, threads);
     if (bias) {
         size_t es = k3rt_dtype_size(dtype);
         for (int64_t i = 0; i < n; i++)
@@ -84,13 +124,13 @@ int k3rt_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void *w, con
                     int accumulate_dx, k3rt_error *err)
 {
     K3RT_TRY(check_cpu_float(s, dtype, "linear_bwd", err));
+    int threads = k3rt_stream_threads(s);
     if (dx)
-        gemm_one(dtype, 0, 0, n, in, out, 1.0, dy, out, w, in, accumulate_dx ? 1.0 : 0.0, dx,
-                 in);
+        gemm_split(dtype, 0, 0, n, in, out, 1.0, dy, out, w, in, accumulate_dx ? 1.0 : 0.0, dx,
+                   in, threads);
     if (dw)
-        gemm_one(dtype, 1, 0, out, in, n, 1.0, dy, out, x, in, 1.0, dw, in);
+        gemm_split(dtype, 1, 0, out, in, n, 1.0, dy, out, x, in, 1.0, dw, in, threads);
     if (db) {
-        int threads = k3rt_stream_threads(s);
         if (dtype == K3RT_F32)
             cpu_bias_grad_f32(dy, db, n, out, threads);
         else

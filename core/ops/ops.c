@@ -191,3 +191,17 @@ int k3rt_cast(k3rt_stream *s, const void *src, int src_dtype, void *dst, int dst
         return ops_no_cuda_kernel(err, "cast");
     return k3rt_convert(dst, dst_dtype, src, src_dtype, n, err);
 }
+
+int k3rt_adamw_step(k3rt_stream *s, int dtype, void *param, const void *grad, void *m, void *v,
+                    int64_t n, double lr, double beta1, double beta2, double eps,
+                    double weight_decay, int64_t step, k3rt_error *err)
+{
+    if (step < 1)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "adamw_step: step must be >= 1, got %lld",
+                         (long long)step);
+#define CALL(S, R, NT)                                                                      \
+    cpu_adamw_##S((R *)param, (const R *)grad, (R *)m, (R *)v, n, lr, beta1, beta2, eps,    \
+                  weight_decay, step, NT)
+    OPS_DISPATCH(s, dtype, "adamw_step", CALL);
+#undef CALL
+}

@@ -186,10 +186,11 @@ int registry_not_found(const registry *r, const char *name, int kind, const char
         at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", i ? ", " : "", names[i]);
     if (near)
         return k3rt_fail(err, K3RT_ERR_NOT_FOUND,
-                         "%s: no %s plugin named '%s'; did you mean '%s'?", where,
-                         kind ? k3rt_kind_name(kind) : "", name, near);
+                         "%s: no %s%splugin named '%s'; did you mean '%s'?", where,
+                         kind ? k3rt_kind_name(kind) : "", kind ? " " : "", name, near);
     return k3rt_fail(err, K3RT_ERR_NOT_FOUND,
-                     "%s: no %s plugin named '%s' (found: %s; search path: --plugin-path, "
-                     "K3RT_PLUGIN_PATH, %s, %s)", where, kind ? k3rt_kind_name(kind) : "", name,
+                     "%s: no %s%splugin named '%s' (found: %s; search path: --plugin-path, "
+                     "K3RT_PLUGIN_PATH, %s, %s)", where, kind ? k3rt_kind_name(kind) : "",
+                     kind ? " " : "", name,
                      n ? list : "none", K3RT_INSTALL_PLUGIN_DIR, K3RT_BUILD_PLUGIN_DIR);
 }

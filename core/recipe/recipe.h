@@ -9,7 +9,7 @@
  *   "model": { "d_model": int, "vocab": int, "layers": int,
  *              "pattern": "KKKMKKKM...",          // expanded to exactly `layers` letters
  *              "mixers": { "K": SPEC, "M": SPEC }, // every letter used by pattern, and no other
- *              "ffn": SPEC, "dense_ffn": SPEC, "dense_layers": int,
+ *              "ffn": SPEC, "dense_ffn": SPEC|null, "dense_layers": int,
  *              "balancer": SPEC, "residual": SPEC,
  *              "norm_eps": num, "init_std": num },
  *   "optimizer": SPEC plus "lr": num,
@@ -28,8 +28,20 @@
  *   "has_on_step": bool
  * }
  * SPEC = { "plugin": "kda", "kind": "attention", "path": str|null, "config": { ...all options } }
- * In Lua a SPEC comes from the generated sugar k3.NAME{...} or k3.plugin("path.so", {...});
- * `k3.none` stands for an explicit none (JSON null), e.g. lower_bound = k3.none.
+ * (the optimizer's SPEC also has "lr", taken out of its options: the schedule owns it).
+ * Defaults: model.balancer none{} (built in), model.residual standard{}, model.dense_ffn
+ * dense_glu{} when that plugin is registered, else null (then dense_layers must be 0).
+ * eval_interval 0 = only at the end, checkpoint_interval 0 = never, keep_checkpoints 0 = all.
+ * In Lua a SPEC comes from the generated sugar k3.NAME{...} or k3.plugin("path.so", {...})
+ * (a path relative to the recipe's folder; k3.plugin("name", {...}) reaches a registered name);
+ * `k3.none` stands for an explicit none (JSON null), e.g. lower_bound = k3.none, and k3.none{}
+ * is the built-in `none` balancer.
+ *
+ * The sandbox: base functions without load/loadfile/dofile/collectgarbage/require (and
+ * setmetatable refuses __gc), string without dump, table, math (seeded with 0), utf8, k3; text
+ * chunks only; a memory cap and an instruction budget per entry into Lua (recipe_limits).
+ * Messages read "file:line: what: ..." with the line of the k3.NAME{} or k3.recipe{} call;
+ * when the recipe alone is valid but not after --set, they start with the overrides instead.
  */
 #ifndef K3RT_RECIPE_H
 #define K3RT_RECIPE_H
@@ -47,7 +59,8 @@ typedef struct recipe_limits {
     int64_t instructions;       /* VM instruction budget per entry into Lua (default 1e8) */
 } recipe_limits;
 
-/* Loads and validates `path`. overrides are "a.b.c=value" strings (value parsed as a Lua
+/* Loads and validates `path`. reg must outlive the recipe (on_step and recipe_spec_plugin
+ * resolve through it). overrides are "a.b.c=value" strings (value parsed as a Lua
  * expression in the sandbox, so --set model.balancer=k3.quantile{} works). reg resolves
  * plugin names and is used to generate the k3.NAME sugar; plugins loaded by path are added to
  * it. limits may be NULL for the defaults. Every failure fills err with "file:line: message"
@@ -64,7 +77,9 @@ const json_t *recipe_json(const recipe *r);     /* the validated document (owned
 const char *recipe_text(const recipe *r);       /* the file as read */
 const char *recipe_hash(const recipe *r);       /* sha256 hex of the text */
 const char *recipe_path(const recipe *r);
-/* The plugin a SPEC names (resolved at load). */
+/* The plugin a SPEC of the document names: by its path when it was loaded by path, else by
+ * name and kind, looked up in reg on each call. NULL for anything else (e.g. a null
+ * dense_ffn). */
 const plugin_entry *recipe_spec_plugin(const recipe *r, const json_t *spec);
 
 /* Calls on_step(step, metrics) if the recipe defined it. metrics is a JSON object (numbers
@@ -73,7 +88,5 @@ const plugin_entry *recipe_spec_plugin(const recipe *r, const json_t *spec);
  * returns is an error naming the key. */
 int recipe_on_step(recipe *r, int64_t step, const json_t *metrics, json_t **changes,
                    k3rt_error *err);
-
-/* Parses one "a.b.c=value" override's value in the sandbox (exposed for tests). */
 
 #endif

@@ -6,11 +6,13 @@
  *       manifest.json                 recipe text + hash, plugins, plan, step, RNG, data cursor,
  *                                     mid-run changes (written by the trainer)
  *       DONE                          written last, before the directory is renamed into place
- *   <root>/step_00000200.tmp/         being written; ignored (and removed) by readers
+ *   <root>/step_00000200.tmp/         being written; ignored by readers, removed by the next
+ *                                     commit (a crash leaves it behind)
  *
  * Commit: write every file into step_N.tmp/ (each fsynced), write DONE, fsync the directory,
  * rename step_N.tmp -> step_N, fsync root. A crash at any point leaves either the old set of
- * complete checkpoints or the new one. */
+ * complete checkpoints or the new one. (Saving a step that already exists moves the old step_N
+ * aside first; a crash between the two renames loses that step, never an earlier one.) */
 #ifndef K3RT_CHECKPOINT_H
 #define K3RT_CHECKPOINT_H
 

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <jansson.h>
 #include <k3rt/errors.h>
+#include <k3rt/tensor.h>
 
 typedef struct st_entry {
     const char *name;
@@ -25,10 +26,15 @@ int st_write(const char *path, const st_entry *entries, int n, const json_t *met
 
 typedef struct st_file st_file;
 
+/* Maps the file and validates it. Entry data point into the mapping (or, for a tensor not
+ * aligned to its element size in the file, into an aligned copy) and stay valid until st_close,
+ * even if st_write replaces the file meanwhile. A valid file that k3rt cannot represent (a dtype
+ * other than the eight of st_dtype_name, more than 4 dims) fails with K3RT_ERR_UNSUPPORTED
+ * naming the tensor. */
 int st_open(const char *path, st_file **out, k3rt_error *err);
 void st_close(st_file *f);
 int st_count(const st_file *f);
-const st_entry *st_at(const st_file *f, int i);
+const st_entry *st_at(const st_file *f, int i);  /* data order: for st_write's files, as given */
 const st_entry *st_find(const st_file *f, const char *name);  /* NULL when absent */
 const json_t *st_metadata(const st_file *f);                  /* NULL when absent */
 

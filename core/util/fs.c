@@ -71,32 +71,65 @@ int fs_fsync_dir(const char *path, k3rt_error *err)
     return K3RT_OK;
 }
 
-int fs_write_atomic(const char *path, const void *data, size_t len, k3rt_error *err)
+int fs_atomic_open(fs_atomic *a, const char *path, k3rt_error *err)
 {
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+    a->f = NULL;
+    a->write_errno = 0;
+    if ((size_t)snprintf(a->path, sizeof a->path, "%s", path) >= sizeof a->path ||
+        (size_t)snprintf(a->tmp, sizeof a->tmp, "%s.tmp", path) >= sizeof a->tmp)
         return k3rt_fail(err, K3RT_ERR_INVALID, "path too long: %s", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    if (len && fwrite(data, 1, len, f) != len) {
-        int e = errno;
-        fclose(f);
-        remove(tmp);
-        return k3rt_fail(err, K3RT_ERR_IO, "%s: write failed: %s", tmp, strerror(e));
+    a->f = fopen(a->tmp, "wb");
+    if (!a->f)
+        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot create: %s", a->tmp, strerror(errno));
+    return K3RT_OK;
+}
+
+void fs_atomic_abort(fs_atomic *a)
+{
+    if (a->f) {
+        fclose(a->f);
+        a->f = NULL;
+        remove(a->tmp);
     }
-    int rc = fs_close_synced(f, tmp, err);
+}
+
+void fs_atomic_write(fs_atomic *a, const void *data, size_t len)
+{
+    if (a->write_errno || !len)
+        return;
+    if (fwrite(data, 1, len, a->f) != len)
+        a->write_errno = errno ? errno : EIO;
+}
+
+int fs_atomic_commit(fs_atomic *a, k3rt_error *err)
+{
+    if (a->write_errno || ferror(a->f)) {
+        int e = a->write_errno ? a->write_errno : EIO;
+        fs_atomic_abort(a);
+        return k3rt_fail(err, K3RT_ERR_IO, "%s: write failed: %s", a->tmp, strerror(e));
+    }
+    FILE *f = a->f;
+    a->f = NULL;
+    int rc = fs_close_synced(f, a->tmp, err);
     if (rc) {
-        remove(tmp);
+        remove(a->tmp);
         return rc;
     }
-    if (rename(tmp, path) != 0) {
+    if (rename(a->tmp, a->path) != 0) {
         int e = errno;
-        remove(tmp);
-        return k3rt_fail(err, K3RT_ERR_IO, "%s: rename failed: %s", path, strerror(e));
+        remove(a->tmp);
+        return k3rt_fail(err, K3RT_ERR_IO, "%s: rename failed: %s", a->path, strerror(e));
     }
     char dir[4096];
-    return fs_fsync_dir(fs_dirname(dir, sizeof dir, path), err);
+    return fs_fsync_dir(fs_dirname(dir, sizeof dir, a->path), err);
+}
+
+int fs_write_atomic(const char *path, const void *data, size_t len, k3rt_error *err)
+{
+    fs_atomic a;
+    K3RT_TRY(fs_atomic_open(&a, path, err));
+    fs_atomic_write(&a, data, len);
+    return fs_atomic_commit(&a, err);
 }
 
 int fs_exists(const char *path)

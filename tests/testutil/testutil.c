@@ -88,9 +88,13 @@ void tu_randnf(float *x, int64_t n, double scale, uint64_t seed)
 
 k3rt_stream *tu_cpu_stream(int threads)
 {
+    /* Also used from main(), outside any test, so it cannot use ck_assert. */
     k3rt_stream *s = NULL;
     k3rt_error err = {0};
-    ck_assert_int_eq(k3rt_stream_create(K3RT_DEVICE_CPU, K3RT_STREAM_COMPUTE, &s, &err), 0);
+    if (k3rt_stream_create(K3RT_DEVICE_CPU, K3RT_STREAM_COMPUTE, &s, &err) != K3RT_OK) {
+        fprintf(stderr, "cannot create a CPU stream: %s\n", err.msg);
+        exit(1);
+    }
     k3rt_stream_set_threads(s, threads);
     return s;
 }
@@ -102,4 +106,17 @@ int tu_run_suite(Suite *s)
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? 0 : 1;
+}
+
+const char *tu_python_with_numpy(void)
+{
+    const char *env = getenv("K3RT_PYTHON");
+    const char *candidates[] = {env && *env ? env : "python3", "python3", "/usr/bin/python3"};
+    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "'%s' -c 'import numpy' 2>/dev/null", candidates[i]);
+        if (tu_run(cmd, NULL) == 0)
+            return candidates[i];
+    }
+    return NULL;
 }

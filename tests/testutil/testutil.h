@@ -20,6 +20,9 @@ int tu_run(const char *cmd, char **out);
 /* Path of the k3rt binary (K3RT_BIN or the build tree) and of the source tree. */
 const char *tu_k3rt_bin(void);
 const char *tu_source_dir(void);
+/* $K3RT_PYTHON, else the first python3 that imports numpy (the one on PATH may be a separate
+ * installation without the distribution's packages); NULL when there is none. */
+const char *tu_python_with_numpy(void);
 /* Writes text to path (fails the test on error). */
 void tu_write_file(const char *path, const char *text);
 /* rms(ref - x) / rms(ref). */

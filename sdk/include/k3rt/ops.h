@@ -142,6 +142,16 @@ K3RT_API int k3rt_cast(k3rt_stream *s, const void *src, int src_dtype, void *dst
 K3RT_API int k3rt_sum_squares(k3rt_stream *s, int dtype, const void *x, int64_t n, double *out,
                               k3rt_error *err);
 
+/* ---- Optimizer math ---------------------------------------------------------------------------- */
+
+/* One AdamW step over n elements (param, grad, m, v share the dtype):
+ *   m = b1 m + (1-b1) g ;  v = b2 v + (1-b2) g^2
+ *   p = p (1 - lr wd) - lr (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps)
+ * step is 1-based. Shared by every optimizer plugin that keeps an AdamW group. */
+K3RT_API int k3rt_adamw_step(k3rt_stream *s, int dtype, void *param, const void *grad, void *m,
+                             void *v, int64_t n, double lr, double beta1, double beta2,
+                             double eps, double weight_decay, int64_t step, k3rt_error *err);
+
 /* ---- CPU parallelism ------------------------------------------------------------------------- */
 
 /* Runs fn over [0, n) split into contiguous ranges across the stream's CPU threads (inline when

@@ -1,0 +1,66 @@
+/* k3rt eval CHECKPOINT: validation loss of a checkpoint on its recipe's data. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "train/ckpt_model.h"
+#include "train/train_internal.h"
+
+int cmd_eval(int argc, char **argv)
+{
+    const char *path = NULL, *plugin_path = NULL;
+    long long windows = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help")) {
+            printf("usage: k3rt eval CHECKPOINT [--windows N] [--plugin-path DIRS]\n"
+                   "CHECKPOINT is a checkpoint directory or a run's checkpoints directory "
+                   "(the newest complete one is used).\n");
+            return 0;
+        } else if (!strcmp(argv[i], "--windows") && i + 1 < argc) {
+            windows = atoll(argv[++i]);
+        } else if (!strcmp(argv[i], "--plugin-path") && i + 1 < argc) {
+            plugin_path = argv[++i];
+        } else if (argv[i][0] != '-' && !path) {
+            path = argv[i];
+        } else {
+            fprintf(stderr, "k3rt eval: unexpected argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "usage: k3rt eval CHECKPOINT\n");
+        return 2;
+    }
+    k3rt_error err = {0};
+    ckpt_model c;
+    token_stream train = {0}, val = {0};
+    int rc = ckpt_model_open(&c, path, plugin_path, 0, &err);
+    const json_t *data = rc ? NULL : json_object_get(c.doc, "data");
+    const json_t *plan = rc ? NULL : json_object_get(c.doc, "plan");
+    if (!rc) {
+        const char *tok = json_string_value(json_object_get(data, "tokenizer"));
+        if (tok && !strcmp(tok, "shards"))
+            rc = data_load_shard(json_string_value(json_object_get(data, "val")), &val, &err);
+        else
+            rc = data_load_bytes(json_string_value(json_object_get(data, "path")),
+                                 json_number_value(json_object_get(data, "val_fraction")),
+                                 &train, &val, &err);
+    }
+    double acc[2] = {0, 0};
+    if (!rc)
+        rc = eval_windows(&c.m, &val, json_integer_value(json_object_get(plan, "micro_batch")),
+                          json_integer_value(json_object_get(plan, "seq_len")), 0, 1, windows,
+                          acc, &err);
+    if (!rc)
+        printf("%s: validation loss %.4f nats/token over %.0f tokens\n", c.dir,
+               acc[1] > 0 ? acc[0] / acc[1] : 0.0, acc[1]);
+    token_stream_free(&train);
+    token_stream_free(&val);
+    ckpt_model_close(&c);
+    if (rc) {
+        fprintf(stderr, "k3rt eval: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}

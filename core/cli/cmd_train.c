@@ -1,0 +1,84 @@
+/* k3rt train RECIPE.lua [options] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "train/trainer.h"
+#include "util/log.h"
+
+static void usage(FILE *to)
+{
+    fprintf(to,
+            "usage: k3rt train RECIPE.lua [options]\n"
+            "  --set KEY=VALUE      override a recipe value (Lua expression), e.g.\n"
+            "                       --set model.ffn.top_k=8 --set optimizer.lr=1e-3\n"
+            "  --resume             continue from the newest complete checkpoint in OUT\n"
+            "  --out DIR            output directory (default: the recipe's `out`)\n"
+            "  --dry-run            print parameters, optimizer rules and memory, then stop\n"
+            "  --plugin-path DIRS   extra plugin directories (':'-separated), searched first\n"
+            "  --quiet              no progress lines\n"
+            "  --no-sample          skip the text sample at the end\n"
+            "  --stop-after STEP    checkpoint and stop after STEP (resume later with --resume)\n");
+}
+
+int cmd_train(int argc, char **argv)
+{
+    train_options o;
+    memset(&o, 0, sizeof o);
+    const char **sets = calloc((size_t)argc, sizeof *sets);
+    if (!sets)
+        return 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            free(sets);
+            return 0;
+        } else if (!strcmp(a, "--set") && i + 1 < argc) {
+            sets[o.n_overrides++] = argv[++i];
+        } else if (!strncmp(a, "--set=", 6)) {
+            sets[o.n_overrides++] = a + 6;
+        } else if (!strcmp(a, "--resume")) {
+            o.resume = 1;
+        } else if (!strcmp(a, "--out") && i + 1 < argc) {
+            o.out_dir = argv[++i];
+        } else if (!strcmp(a, "--dry-run")) {
+            o.dry_run = 1;
+        } else if (!strcmp(a, "--plugin-path") && i + 1 < argc) {
+            o.plugin_path = argv[++i];
+        } else if (!strcmp(a, "--quiet")) {
+            o.quiet = 1;
+            log_set_level(LOG_QUIET);
+        } else if (!strcmp(a, "--stop-after") && i + 1 < argc) {
+            o.stop_after = atoll(argv[++i]);
+        } else if (!strcmp(a, "--no-sample")) {
+            o.no_sample = 1;
+        } else if (a[0] == '-' || o.recipe_path) {
+            fprintf(stderr, "k3rt train: unexpected argument '%s'\n", a);
+            usage(stderr);
+            free(sets);
+            return 2;
+        } else {
+            o.recipe_path = a;
+        }
+    }
+    if (!o.recipe_path) {
+        usage(stderr);
+        free(sets);
+        return 2;
+    }
+    o.overrides = sets;
+    k3rt_error err = {0};
+    train_result res;
+    int rc = train_main(&o, &res, &err);
+    free(sets);
+    if (rc) {
+        fprintf(stderr, "k3rt train: %s\n", err.msg);
+        return 1;
+    }
+    if (!o.dry_run && !o.quiet)
+        printf("done: %lld steps in %.1f s, final train loss %.4f, validation loss %.4f\n",
+               (long long)res.steps_done, res.seconds, res.final_train_loss, res.final_val_loss);
+    return 0;
+}

@@ -1,0 +1,132 @@
+/* The model of one rank: embedding -> layers -> final norm -> LM head -> cross-entropy.
+ *
+ * Each layer is a token mixer plugin (chosen per layer by the recipe's pattern) and an FFN
+ * plugin (dense for the first dense_layers, the recipe's ffn after), each preceded by an
+ * RMSNorm owned by the model. One residual plugin forms every sublayer's input and the final
+ * output; MoE layers with routed experts get a balancer instance each. Parameters live in one
+ * contiguous buffer (and their gradients in another), so data-parallel all-reduce and the
+ * gradient norm are single calls.
+ *
+ * Forward and backward are explicit, as in llm.c:
+ *   h0 = embed(tokens); residual.begin(h0)
+ *   for s in 0..2L-1: hs[s] = residual.mix(s); ys = sublayer_s(rmsnorm(hs[s])); residual.push(ys)
+ *   hf = residual.finish(); loss = xent(head(rmsnorm(hf)))
+ * The LM head and loss run in row chunks, with the head's backward fused into the training
+ * forward so full logits never exist for the whole batch.
+ */
+#ifndef K3RT_MODEL_H
+#define K3RT_MODEL_H
+
+#include <jansson.h>
+#include <k3rt/k3rt.h>
+
+#include "model/module.h"
+#include "plugin/registry.h"
+
+typedef struct param_slot {
+    char name[160];
+    k3rt_param_decl decl;   /* decl.name points at name */
+    int module;             /* owning module index, -1 for the model's own parameters */
+    int index;              /* index within the owner's declarations */
+    int64_t offset;         /* element offset into the parameter and gradient buffers */
+    int64_t numel;
+    k3rt_tensor param, grad;
+} param_slot;
+
+typedef struct model_module {
+    module m;
+    int kind;
+    int layer;              /* -1 for the residual (model-wide) */
+    char prefix[64];        /* "layers.3.mixer." */
+    int first_param, n_params;
+    k3rt_tensor *params, *grads;  /* views in declaration order, for plugin calls */
+    int64_t saved_offset, saved_bytes, workspace_bytes;
+} model_module;
+
+typedef struct model_layer {
+    int mixer, ffn;          /* module indices */
+    int balancer;            /* module index or -1 (dense FFN) */
+    int mixer_norm, ffn_norm;/* parameter indices */
+    int32_t experts, top_k;
+    char mixer_letter;
+} model_layer;
+
+typedef struct model_options {
+    int dtype;               /* K3RT_F32 or K3RT_F64 (tests) on the CPU */
+    int device;
+    k3rt_stream *stream;     /* compute stream (not owned) */
+    k3rt_comm *comm;         /* this rank's world communicator (not owned; may be NULL) */
+    uint64_t seed;
+    int deterministic;
+} model_options;
+
+typedef struct model {
+    model_options opt;
+    int64_t d, vocab;
+    int n_layers;
+    double norm_eps, init_std;
+    model_module *mods;
+    int n_mods, cap_mods;
+    model_layer *layers;
+    int residual;            /* module index */
+    param_slot *params;
+    int n_params, cap_params;
+    int embed, final_norm, head;  /* parameter indices */
+    void *param_buf, *grad_buf;
+    int64_t total_numel;
+    size_t elem;             /* bytes per element of the compute dtype */
+    /* activations for the current (B, T); see model_fwd.c */
+    int64_t B, T;
+    void *act;               /* one arena */
+    size_t act_bytes;
+    struct model_acts *a;
+    double aux_loss;         /* balancers' auxiliary loss of the last forward */
+    int64_t **routed;        /* per layer [experts]: tokens routed since model_reset_routed
+                                (training forwards only); NULL for dense layers */
+} model;
+
+/* Builds from the "model" section of a validated recipe document (recipe.h). Plugins named
+ * by specs are resolved in reg. Parameters are allocated and initialised (seeded by name). */
+int model_build(model *m, const json_t *model_doc, registry *reg, const model_options *opt,
+                k3rt_error *err);
+void model_free(model *m);
+/* Resolves a SPEC {"plugin", "kind", "path", "config"} to its plugin. */
+int model_resolve_spec(registry *reg, const json_t *spec, int kind, const char *where,
+                       const plugin_entry **out, k3rt_error *err);
+
+/* Sizes the activation arena for micro-batches of B x T (reallocates when it grows). */
+int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err);
+/* Zeroes every gradient. */
+void model_zero_grads(model *m);
+/* Zeroes the per-layer routing counters (start of an optimizer step). */
+void model_reset_routed(model *m);
+
+/* One micro-batch of training: forward, loss, backward. Gradients accumulate scaled by
+ * grad_scale per token (1 / tokens of the whole step). *loss_sum gets the summed token loss
+ * (the balancers' auxiliary loss, already weighted, is added per micro-batch in m->aux_loss). */
+int model_train_step(model *m, const int32_t *tokens, const int32_t *targets, double grad_scale,
+                     double aux_scale, double *loss_sum, k3rt_error *err);
+/* Forward only: summed loss over targets >= 0 and their count. */
+int model_eval(model *m, const int32_t *tokens, const int32_t *targets, double *loss_sum,
+               int64_t *count, k3rt_error *err);
+/* Forward only over tokens [B, T]; writes the logits at position pos of each row into
+ * logits [B, vocab] (host, double). Causality makes positions after pos irrelevant, so a
+ * shorter context can be right-padded to T. */
+int model_logits_at(model *m, const int32_t *tokens, int64_t pos, double *logits,
+                    k3rt_error *err);
+
+/* FLOPs of one forward and one backward over B x T tokens, from the plugins' own counts
+ * plus the model's embedding, norms and head. */
+int model_flops(model *m, int64_t B, int64_t T, double *forward, double *backward,
+                k3rt_error *err);
+/* Parameter counts: total; active per token (routed experts count top_k of experts, the
+ * embedding lookup does not count, the head does). */
+void model_param_counts(const model *m, int64_t *total, int64_t *active);
+
+/* The balancer of a layer can be replaced mid-run (a recipe change or on_step). */
+int model_set_balancer(model *m, const json_t *spec, registry *reg, k3rt_error *err);
+
+/* Parameter lookup by full name (-1 when absent). */
+int model_find_param(const model *m, const char *name);
+
+#endif

@@ -1,0 +1,294 @@
+/* The model's forward and backward passes (see model.h for the schedule). */
+#include <math.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+
+static k3rt_residual_args residual_args(model *m, int s, void *t, int backward)
+{
+    model_module *r = &m->mods[m->residual];
+    k3rt_residual_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.stream = m->opt.stream;
+    a.batch = m->B;
+    a.seq = m->T;
+    a.sublayer = s;
+    a.n_sublayers = 2 * m->n_layers;
+    a.t = model_act_tensor(m, t);
+    a.params = r->params;
+    a.grads = backward ? r->grads : NULL;
+    a.n_params = r->n_params;
+    a.training = 1;
+    a.deterministic = m->opt.deterministic;
+    a.saved = (char *)m->a->saved + r->saved_offset;
+    a.saved_bytes = r->saved_bytes;
+    a.workspace = m->a->ws;
+    a.workspace_bytes = r->workspace_bytes;
+    return a;
+}
+
+typedef int (*residual_fn)(void *, const k3rt_residual_args *, k3rt_error *);
+
+static int residual_call(model *m, residual_fn fn, int s, void *t, int backward,
+                         k3rt_error *err)
+{
+    model_module *r = &m->mods[m->residual];
+    k3rt_residual_args a = residual_args(m, s, t, backward);
+    return module_fail(&r->m, fn(r->m.self, &a, err), err);
+}
+
+static double sum_rows(const model *m, const void *x, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += m->opt.dtype == K3RT_F64 ? ((const double *)x)[i] : ((const float *)x)[i];
+    return s;
+}
+
+/* Sublayer s forward on xn -> ys. MoE layers take the balancer's bias, report routing to the
+ * balancer, and may add its auxiliary loss. */
+static int sublayer_forward(model *m, int s, int training, double aux_scale, k3rt_error *err)
+{
+    model_module *mm = &m->mods[model_sub_module(m, s)];
+    const model_layer *L = &m->layers[s / 2];
+    k3rt_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.training = training;
+    a.stream = m->opt.stream;
+    a.batch = m->B;
+    a.seq = m->T;
+    a.x = model_act_tensor(m, m->a->xn);
+    a.y = model_act_tensor(m, m->a->ys);
+    a.params = mm->params;
+    a.n_params = mm->n_params;
+    a.deterministic = m->opt.deterministic;
+    a.saved = (char *)m->a->saved + mm->saved_offset;
+    a.saved_bytes = mm->saved_bytes;
+    a.workspace = m->a->ws;
+    a.workspace_bytes = mm->workspace_bytes;
+    if (s % 2 == 0)
+        return module_fail(&mm->m, mm->m.e->vt.attention.forward(mm->m.self, &a, err), err);
+
+    k3rt_routing *routing = &m->a->routing[s / 2];
+    model_module *bal = L->balancer >= 0 ? &m->mods[L->balancer] : NULL;
+    memset(routing, 0, sizeof *routing);
+    routing->struct_size = sizeof *routing;
+    if (bal) {
+        K3RT_TRY(module_fail(&bal->m, bal->m.e->vt.balancer.bias(bal->m.self, &a.bias, err),
+                             err));
+        a.routing = routing;
+    }
+    K3RT_TRY(module_fail(&mm->m, mm->m.e->vt.moe.forward(mm->m.self, &a, err), err));
+    if (!bal || !training)
+        return K3RT_OK;
+    if (!k3rt_tensor_present(&routing->scores) || !k3rt_tensor_present(&routing->selected) ||
+        !k3rt_tensor_present(&routing->counts) || routing->counts.dtype != K3RT_I64 ||
+        routing->counts.device != K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: forward did not report its routing "
+                         "(scores, selected, and host i64 counts)", mm->m.where);
+    const int64_t *counts = routing->counts.data;
+    for (int e = 0; e < L->experts; e++)
+        m->routed[s / 2][e] += counts[e];
+    const k3rt_balancer_vtable *bv = &bal->m.e->vt.balancer;
+    if (bv->observe)
+        K3RT_TRY(module_fail(&bal->m, bv->observe(bal->m.self, m->opt.stream, routing, err),
+                             err));
+    if (bv->aux_loss) {
+        double loss = 0;
+        int64_t N = m->B * m->T;
+        k3rt_tensor ds = k3rt_tensor_view(m->a->d_scores[s / 2], K3RT_F32, m->opt.device, 2, N,
+                                          L->experts, 0, 0);
+        K3RT_TRY(module_fail(&bal->m, bv->aux_loss(bal->m.self, m->opt.stream, routing,
+                                                   aux_scale, &loss, ds, err), err));
+        m->aux_loss += loss;
+    }
+    return K3RT_OK;
+}
+
+static int sublayer_backward(model *m, int s, k3rt_error *err)
+{
+    model_module *mm = &m->mods[model_sub_module(m, s)];
+    const model_layer *L = &m->layers[s / 2];
+    k3rt_bwd_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.stream = m->opt.stream;
+    a.batch = m->B;
+    a.seq = m->T;
+    a.x = model_act_tensor(m, m->a->xn);
+    a.dy = model_act_tensor(m, m->a->dys);
+    a.dx = model_act_tensor(m, m->a->dxn);
+    a.params = mm->params;
+    a.grads = mm->grads;
+    a.n_params = mm->n_params;
+    a.deterministic = m->opt.deterministic;
+    a.saved = (char *)m->a->saved + mm->saved_offset;
+    a.saved_bytes = mm->saved_bytes;
+    a.workspace = m->a->ws;
+    a.workspace_bytes = mm->workspace_bytes;
+    if (s % 2 == 0)
+        return module_fail(&mm->m, mm->m.e->vt.attention.backward(mm->m.self, &a, err), err);
+    if (L->balancer >= 0 && m->mods[L->balancer].m.e->vt.balancer.aux_loss)
+        a.d_scores = k3rt_tensor_view(m->a->d_scores[s / 2], K3RT_F32, m->opt.device, 2,
+                                      m->B * m->T, L->experts, 0, 0);
+    return module_fail(&mm->m, mm->m.e->vt.moe.backward(mm->m.self, &a, err), err);
+}
+
+/* embed -> residual stack -> final norm (hn). */
+static int forward_body(model *m, const int32_t *tokens, int training, double aux_scale,
+                        k3rt_error *err)
+{
+    model_acts *a = m->a;
+    k3rt_stream *st = m->opt.stream;
+    int dt = m->opt.dtype;
+    int64_t N = m->B * m->T;
+    const k3rt_residual_vtable *rv = &m->mods[m->residual].m.e->vt.residual;
+    K3RT_TRY(k3rt_memcpy(st, a->tokens, m->opt.device, tokens, K3RT_DEVICE_CPU,
+                         (size_t)N * sizeof(int32_t), err));
+    K3RT_TRY(k3rt_embedding_fwd(st, dt, m->params[m->embed].param.data, a->tokens, a->h0, N,
+                                m->vocab, m->d, err));
+    K3RT_TRY(residual_call(m, rv->begin, 0, a->h0, 0, err));
+    m->aux_loss = 0;
+    for (int s = 0; s < 2 * m->n_layers; s++) {
+        void *hs = model_sub(m, a->hs, s);
+        void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->elem;
+        K3RT_TRY(residual_call(m, rv->mix, s, hs, 0, err));
+        K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, hs, m->params[model_sub_norm(m, s)].param.data, a->xn,
+                                  rstd, N, m->d, m->norm_eps, err));
+        K3RT_TRY(sublayer_forward(m, s, training, aux_scale, err));
+        K3RT_TRY(residual_call(m, rv->push, s, a->ys, 0, err));
+    }
+    K3RT_TRY(residual_call(m, rv->finish, 2 * m->n_layers, a->hf, 0, err));
+    return k3rt_rmsnorm_fwd(st, dt, a->hf, m->params[m->final_norm].param.data, a->hn,
+                            a->rstd_f, N, m->d, m->norm_eps, err);
+}
+
+/* LM head and cross-entropy in row chunks. With grad_scale != 0 the head's backward runs
+ * right away: dhn = dlogits @ W, dW += dlogits^T @ hn. */
+static int head_and_loss(model *m, const int32_t *targets, double grad_scale, double *loss_sum,
+                         int64_t *count, k3rt_error *err)
+{
+    model_acts *a = m->a;
+    k3rt_stream *st = m->opt.stream;
+    int dt = m->opt.dtype;
+    int64_t N = m->B * m->T, V = m->vocab;
+    const param_slot *head = &m->params[m->head];
+    K3RT_TRY(k3rt_memcpy(st, a->targets, m->opt.device, targets, K3RT_DEVICE_CPU,
+                         (size_t)N * sizeof(int32_t), err));
+    double total = 0;
+    int64_t valid = 0;
+    for (int64_t i = 0; i < N; i++)
+        valid += targets[i] >= 0;
+    for (int64_t r0 = 0; r0 < N; r0 += a->chunk) {
+        int64_t rows = N - r0 < a->chunk ? N - r0 : a->chunk;
+        void *hn = model_row(m, a->hn, r0);
+        K3RT_TRY(k3rt_linear_fwd(st, dt, hn, head->param.data, NULL, a->logits, rows, m->d, V,
+                                 err));
+        K3RT_TRY(k3rt_xent_fwd(st, dt, a->logits, a->targets + r0, a->row_loss, a->lse, rows, V,
+                               err));
+        K3RT_TRY(k3rt_stream_sync(st, err));
+        total += sum_rows(m, a->row_loss, rows);
+        if (grad_scale == 0.0)
+            continue;
+        K3RT_TRY(k3rt_xent_bwd(st, dt, a->logits, a->targets + r0, a->lse, grad_scale,
+                               a->logits, rows, V, err));
+        K3RT_TRY(k3rt_linear_bwd(st, dt, hn, head->param.data, a->logits,
+                                 model_row(m, a->dhn, r0), head->grad.data, NULL, rows, m->d, V,
+                                 0, err));
+    }
+    *loss_sum = total;
+    if (count)
+        *count = valid;
+    return K3RT_OK;
+}
+
+static int backward_body(model *m, k3rt_error *err)
+{
+    model_acts *a = m->a;
+    k3rt_stream *st = m->opt.stream;
+    int dt = m->opt.dtype;
+    int64_t N = m->B * m->T;
+    const k3rt_residual_vtable *rv = &m->mods[m->residual].m.e->vt.residual;
+    const param_slot *fn = &m->params[m->final_norm];
+    K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, a->hf, fn->param.data, a->rstd_f, a->dhn, a->dh,
+                              fn->grad.data, N, m->d, 0, err));
+    K3RT_TRY(residual_call(m, rv->finish_backward, 2 * m->n_layers, a->dh, 1, err));
+    for (int s = 2 * m->n_layers - 1; s >= 0; s--) {
+        void *hs = model_sub(m, a->hs, s);
+        void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->elem;
+        const param_slot *g = &m->params[model_sub_norm(m, s)];
+        K3RT_TRY(residual_call(m, rv->push_backward, s, a->dys, 1, err));
+        /* The normed input is cheaper to recompute than to keep for every sublayer. */
+        K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, hs, g->param.data, a->xn, NULL, N, m->d, m->norm_eps,
+                                  err));
+        K3RT_TRY(sublayer_backward(m, s, err));
+        K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, hs, g->param.data, rstd, a->dxn, a->dh, g->grad.data,
+                                  N, m->d, 0, err));
+        K3RT_TRY(residual_call(m, rv->mix_backward, s, a->dh, 1, err));
+    }
+    K3RT_TRY(residual_call(m, rv->begin_backward, 0, a->dh, 1, err));
+    return k3rt_embedding_bwd(st, dt, a->tokens, a->dh, m->params[m->embed].grad.data, N,
+                              m->vocab, m->d, err);
+}
+
+int model_train_step(model *m, const int32_t *tokens, const int32_t *targets, double grad_scale,
+                     double aux_scale, double *loss_sum, k3rt_error *err)
+{
+    if (!m->a)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "model: call model_set_shape first");
+    K3RT_TRY(forward_body(m, tokens, 1, aux_scale, err));
+    K3RT_TRY(head_and_loss(m, targets, grad_scale, loss_sum, NULL, err));
+    return backward_body(m, err);
+}
+
+int model_eval(model *m, const int32_t *tokens, const int32_t *targets, double *loss_sum,
+               int64_t *count, k3rt_error *err)
+{
+    if (!m->a)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "model: call model_set_shape first");
+    K3RT_TRY(forward_body(m, tokens, 0, 0.0, err));
+    return head_and_loss(m, targets, 0.0, loss_sum, count, err);
+}
+
+int model_logits_at(model *m, const int32_t *tokens, int64_t pos, double *logits,
+                    k3rt_error *err)
+{
+    if (pos < 0 || pos >= m->T)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "model: position %lld outside [0, %lld)",
+                         (long long)pos, (long long)m->T);
+    if (!m->a)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "model: call model_set_shape first");
+    K3RT_TRY(forward_body(m, tokens, 0, 0.0, err));
+    model_acts *a = m->a;
+    k3rt_stream *st = m->opt.stream;
+    for (int64_t b = 0; b < m->B; b++) {
+        void *hn = model_row(m, a->hn, b * m->T + pos);
+        K3RT_TRY(k3rt_linear_fwd(st, m->opt.dtype, hn, m->params[m->head].param.data, NULL,
+                                 a->logits, 1, m->d, m->vocab, err));
+        K3RT_TRY(k3rt_stream_sync(st, err));
+        for (int64_t v = 0; v < m->vocab; v++)
+            logits[b * m->vocab + v] = m->opt.dtype == K3RT_F64 ? ((double *)a->logits)[v]
+                                                                : ((float *)a->logits)[v];
+    }
+    return K3RT_OK;
+}
+
+int model_flops(model *m, int64_t B, int64_t T, double *forward, double *backward,
+                k3rt_error *err)
+{
+    double f = 0, b = 0;
+    for (int i = 0; i < m->n_mods; i++) {
+        if (m->mods[i].kind == K3RT_KIND_BALANCER)
+            continue;
+        k3rt_flops fl;
+        K3RT_TRY(module_flops(&m->mods[i].m, B, T, &fl, err));
+        f += fl.forward;
+        b += fl.backward;
+    }
+    double head = 2.0 * (double)(B * T) * (double)m->d * (double)m->vocab;
+    *forward = f + head;
+    *backward = b + 2 * head;
+    return K3RT_OK;
+}

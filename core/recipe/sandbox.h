@@ -1,0 +1,44 @@
+/* The recipe sandbox: one Lua state per recipe with a byte-capped allocator, an instruction
+ * budget and a whitelisted environment. Every entry into Lua goes through sandbox_run, a
+ * protected call with a traceback handler, so no error can reach lua_atpanic. */
+#ifndef K3RT_RECIPE_SANDBOX_H
+#define K3RT_RECIPE_SANDBOX_H
+
+#include <stdint.h>
+#include <lua.h>
+#include <k3rt/errors.h>
+
+#include "recipe/recipe.h"
+
+#define SANDBOX_POS_MAX 192 /* "file:line:" positions kept for messages */
+
+typedef struct sandbox {
+    lua_State *L;
+    size_t used, limit;     /* bytes held by Lua and the cap */
+    int64_t budget, spent;  /* VM instructions per entry and those spent in this entry */
+    int over_memory, over_budget;
+    char last_src[64];      /* where the count hook last saw the VM, for memory messages */
+    int last_line;
+    char name[256];         /* the recipe, for messages without a line */
+} sandbox;
+
+/* Creates the state and its environment. sb must stay at a fixed address until
+ * sandbox_close (the allocator points to it). */
+int sandbox_open(sandbox *sb, const recipe_limits *limits, const char *name, k3rt_error *err);
+void sandbox_close(sandbox *sb);
+
+/* Calls fn(L) protected, with ud as its single argument (a light userdata), the instruction
+ * budget reset and the stack emptied before and after. A Lua error becomes err: the message,
+ * plus a stack traceback of the recipe's own frames when there is more than one. */
+int sandbox_run(sandbox *sb, lua_CFunction fn, void *ud, k3rt_error *err);
+
+/* Inside a protected call: loads text as a chunk named chunkname ("@file" or "=name"), text
+ * only, with the sandbox environment as its _ENV. Pushes the function and returns LUA_OK, or
+ * pushes the error message and returns the load status. */
+int sandbox_load(lua_State *L, const char *text, size_t len, const char *chunkname);
+/* Pushes the sandbox environment table. */
+void sandbox_push_env(lua_State *L);
+/* Raises a Lua error with a formatted message and no position added. */
+int sandbox_raise(lua_State *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

@@ -1,0 +1,22 @@
+/* A model rebuilt from a checkpoint (its manifest's validated recipe) with its weights
+ * loaded: what `k3rt eval` and `k3rt sample` work on. */
+#ifndef K3RT_CKPT_MODEL_H
+#define K3RT_CKPT_MODEL_H
+
+#include "model/model.h"
+
+typedef struct ckpt_model {
+    registry reg;
+    k3rt_stream *stream;
+    model m;
+    json_t *manifest;   /* the checkpoint's manifest */
+    const json_t *doc;  /* its "config" (the validated recipe document) */
+    char dir[1200];
+} ckpt_model;
+
+/* path: a checkpoint directory or a run's checkpoints root (newest complete checkpoint). */
+int ckpt_model_open(ckpt_model *c, const char *path, const char *plugin_path, int threads,
+                    k3rt_error *err);
+void ckpt_model_close(ckpt_model *c);
+
+#endif

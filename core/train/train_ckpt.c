@@ -1,0 +1,293 @@
+/* Saving and resuming a run: weights, plugin state and the manifest (checkpoint.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "plugin/sinks.h"
+#include "train/checkpoint.h"
+#include "train/safetensors.h"
+#include "train/train_internal.h"
+#include "util/fs.h"
+#include "util/log.h"
+
+/* Every module's (and the optimizer's) state tensors under their full names. */
+typedef struct named_state {
+    struct k3rt_tensor_sink *sinks;
+    module **owners;
+    char (*prefixes)[80];
+    int n;
+} named_state;
+
+static void named_state_free(named_state *s)
+{
+    for (int i = 0; i < s->n; i++)
+        tensor_sink_free(&s->sinks[i]);
+    free(s->sinks);
+    free(s->owners);
+    free(s->prefixes);
+    memset(s, 0, sizeof *s);
+}
+
+static int named_state_collect(rank_ctx *c, named_state *s, k3rt_error *err)
+{
+    model *m = &c->m;
+    int n = m->n_mods + 1;
+    s->sinks = calloc((size_t)n, sizeof *s->sinks);
+    s->owners = calloc((size_t)n, sizeof *s->owners);
+    s->prefixes = calloc((size_t)n, sizeof *s->prefixes);
+    if (!s->sinks || !s->owners || !s->prefixes)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        module *mod = i < m->n_mods ? &m->mods[i].m : &c->opt;
+        s->owners[i] = mod;
+        snprintf(s->prefixes[i], sizeof s->prefixes[i], "%s",
+                 i < m->n_mods ? m->mods[i].prefix : "optimizer.");
+        s->n = i + 1;
+        K3RT_TRY(module_state(mod, &s->sinks[i], err));
+    }
+    return K3RT_OK;
+}
+
+json_t *manifest_plugins(const model *m, const module *opt)
+{
+    json_t *list = json_array();
+    for (int i = 0; i <= m->n_mods; i++) {
+        const module *mod = i < m->n_mods ? &m->mods[i].m : opt;
+        const char *slot = i < m->n_mods ? m->mods[i].prefix : "optimizer.";
+        json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:s, s:s}", "slot", slot,
+                                              "name", mod->e->desc.name, "kind",
+                                              k3rt_kind_name(mod->e->desc.kind), "version",
+                                              mod->e->desc.version ? mod->e->desc.version : "",
+                                              "path", mod->e->path));
+    }
+    return list;
+}
+
+static int write_weights(const model *m, const char *path, k3rt_error *err)
+{
+    st_entry *e = calloc((size_t)m->n_params, sizeof *e);
+    if (!e)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < m->n_params; i++) {
+        const param_slot *p = &m->params[i];
+        e[i].name = p->name;
+        e[i].dtype = p->param.dtype;
+        e[i].ndim = p->param.ndim;
+        memcpy(e[i].shape, p->param.shape, sizeof e[i].shape);
+        e[i].data = p->param.data;
+    }
+    json_t *meta = json_pack("{s:s}", "format", "k3rt");
+    int rc = st_write(path, e, m->n_params, meta, err);
+    json_decref(meta);
+    free(e);
+    return rc;
+}
+
+static int write_state(rank_ctx *c, const char *path, k3rt_error *err)
+{
+    named_state s;
+    memset(&s, 0, sizeof s);
+    int rc = named_state_collect(c, &s, err);
+    int total = 0;
+    for (int i = 0; i < s.n; i++)
+        total += s.sinks[i].n;
+    st_entry *e = calloc((size_t)total + 1, sizeof *e);
+    char (*names)[208] = calloc((size_t)total + 1, sizeof *names);
+    if (!rc && (!e || !names))
+        rc = k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int i = 0; i < s.n && !rc; i++)
+        for (int j = 0; j < s.sinks[i].n; j++, k++) {
+            const tensor_sink_item *it = &s.sinks[i].items[j];
+            snprintf(names[k], sizeof names[k], "%s%s", s.prefixes[i], it->name);
+            e[k].name = names[k];
+            e[k].dtype = it->t.dtype;
+            e[k].ndim = it->t.ndim;
+            memcpy(e[k].shape, it->t.shape, sizeof e[k].shape);
+            e[k].data = it->t.data;
+        }
+    if (!rc)
+        rc = st_write(path, e, k, NULL, err);
+    free(e);
+    free(names);
+    named_state_free(&s);
+    return rc;
+}
+
+int ckpt_save_run(rank_ctx *c, int64_t step, k3rt_error *err)
+{
+    run *r = c->r;
+    char dir[1200], path[1300];
+    K3RT_TRY(ckpt_begin(r->ckpt_root, step, dir, sizeof dir, err));
+    K3RT_TRY(write_weights(&c->m, fs_join(path, sizeof path, dir, "model.safetensors"), err));
+    K3RT_TRY(write_state(c, fs_join(path, sizeof path, dir, "state.safetensors"), err));
+    pthread_mutex_lock(&r->lock);
+    json_t *man = json_pack(
+        "{s:i, s:s, s:s, s:I, s:{s:s, s:s, s:s}, s:O, s:o, s:O, s:O, s:{s:I, s:I}, s:{s:I}, "
+        "s:{s:f, s:f}}",
+        "format", 1, "k3rt_version", k3rt_version_string(), "abi", "1.0", "step",
+        (json_int_t)step, "recipe", "path", recipe_path(r->rec), "text", recipe_text(r->rec),
+        "sha256", recipe_hash(r->rec), "config", r->doc, "plugins",
+        manifest_plugins(&c->m, &c->opt), "changes", r->changes, "balancer", r->balancer,
+        "data", "cursor", (json_int_t)(step * r->accum * r->dp), "seed", (json_int_t)r->seed,
+        "rng", "seed", (json_int_t)r->seed, "metrics", "train_loss", r->result.final_train_loss,
+        "val_loss", r->result.final_val_loss == r->result.final_val_loss
+                        ? r->result.final_val_loss : -1.0);
+    pthread_mutex_unlock(&r->lock);
+    char *text = man ? json_dumps(man, JSON_INDENT(1) | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(man);
+    if (!text)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "checkpoint: cannot build the manifest");
+    int rc = fs_write_atomic(fs_join(path, sizeof path, dir, "manifest.json"), text,
+                             strlen(text), err);
+    free(text);
+    K3RT_TRY(rc);
+    K3RT_TRY(ckpt_commit(r->ckpt_root, step, (int)r->keep, err));
+    if (!r->opt.quiet)
+        log_info("step %lld: checkpoint %s/step_%08lld", (long long)step, r->ckpt_root,
+                 (long long)step);
+    return K3RT_OK;
+}
+
+/* Copies a tensor from a checkpoint file into live storage after checking it fits. */
+static int restore(const st_file *f, const char *file, const char *name, k3rt_tensor dst,
+                   k3rt_error *err)
+{
+    const st_entry *e = st_find(f, name);
+    if (!e)
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: has no tensor %s (the model or plugin set "
+                         "differs from the one that wrote it)", file, name);
+    int same = e->ndim == dst.ndim;
+    for (int i = 0; same && i < e->ndim; i++)
+        same = e->shape[i] == dst.shape[i];
+    if (!same) {
+        char want[96];
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: tensor %s has a different shape than %s "
+                         "expected by this model (the model shape changed)", file, name,
+                         k3rt_tensor_shape_str(&dst, want, sizeof want));
+    }
+    int64_t n = k3rt_tensor_numel(&dst);
+    if (e->dtype == dst.dtype)
+        return k3rt_memcpy(NULL, dst.data, dst.device, e->data, K3RT_DEVICE_CPU,
+                           (size_t)n * k3rt_dtype_size(dst.dtype), err);
+    if (k3rt_dtype_is_float(e->dtype) && k3rt_dtype_is_float(dst.dtype) &&
+        dst.device == K3RT_DEVICE_CPU)
+        return k3rt_convert(dst.data, dst.dtype, e->data, e->dtype, n, err);
+    return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: tensor %s is %s, expected %s", file, name,
+                     k3rt_dtype_name(e->dtype), k3rt_dtype_name(dst.dtype));
+}
+
+static int load_weights(model *m, const char *path, k3rt_error *err)
+{
+    st_file *f;
+    K3RT_TRY(st_open(path, &f, err));
+    int rc = K3RT_OK;
+    for (int i = 0; i < m->n_params && !rc; i++)
+        rc = restore(f, path, m->params[i].name, m->params[i].param, err);
+    for (int i = 0; i < st_count(f) && !rc; i++)
+        if (model_find_param(m, st_at(f, i)->name) < 0)
+            rc = k3rt_fail(err, K3RT_ERR_FORMAT, "%s: holds parameter %s, which this model does "
+                           "not have (the model shape changed)", path, st_at(f, i)->name);
+    st_close(f);
+    return rc;
+}
+
+static int load_state(rank_ctx *c, const char *path, k3rt_error *err)
+{
+    st_file *f;
+    K3RT_TRY(st_open(path, &f, err));
+    named_state s;
+    memset(&s, 0, sizeof s);
+    int rc = named_state_collect(c, &s, err);
+    for (int i = 0; i < s.n && !rc; i++) {
+        for (int j = 0; j < s.sinks[i].n && !rc; j++) {
+            char name[208];
+            snprintf(name, sizeof name, "%s%s", s.prefixes[i], s.sinks[i].items[j].name);
+            rc = restore(f, path, name, s.sinks[i].items[j].t, err);
+        }
+        if (!rc && s.owners[i]->e->inst.state_loaded)
+            rc = module_fail(s.owners[i], s.owners[i]->e->inst.state_loaded(s.owners[i]->self,
+                                                                           err), err);
+    }
+    named_state_free(&s);
+    st_close(f);
+    return rc;
+}
+
+int ckpt_load_run(rank_ctx *c, k3rt_error *err)
+{
+    run *r = c->r;
+    char path[1300];
+    K3RT_TRY(load_weights(&c->m, fs_join(path, sizeof path, r->resume_dir, "model.safetensors"),
+                          err));
+    K3RT_TRY(load_state(c, fs_join(path, sizeof path, r->resume_dir, "state.safetensors"), err));
+    if (c->rank == 0 && !r->opt.quiet)
+        log_info("resumed from %s (step %lld)", r->resume_dir, (long long)r->start_step);
+    return K3RT_OK;
+}
+
+/* The first key path where two JSON values differ, into buf; 0 when equal. */
+static int first_difference(const json_t *a, const json_t *b, const char *path, char *buf,
+                            size_t len)
+{
+    if (json_equal(a, b))
+        return 0;
+    if (json_is_object(a) && json_is_object(b)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)a, k, v) {
+            char sub[256];
+            snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", k);
+            if (first_difference(v, json_object_get(b, k), sub, buf, len))
+                return 1;
+        }
+        json_object_foreach((json_t *)b, k, v) {
+            if (!json_object_get(a, k)) {
+                snprintf(buf, len, "%s%s%s", path, *path ? "." : "", k);
+                return 1;
+            }
+        }
+    }
+    snprintf(buf, len, "%s", path);
+    return 1;
+}
+
+int ckpt_check_compatible(run *r, k3rt_error *err)
+{
+    const json_t *old = json_object_get(r->manifest, "config");
+    const char *plan_keys[] = {"dp", "ep", "cp", "micro_batch", "seq_len", "grad_accum"};
+    const json_t *op = json_object_get(old, "plan"), *np = json_object_get(r->doc, "plan");
+    for (size_t i = 0; i < sizeof plan_keys / sizeof plan_keys[0]; i++)
+        if (!json_equal(json_object_get(op, plan_keys[i]), json_object_get(np, plan_keys[i])))
+            return k3rt_fail(err, K3RT_ERR_INVALID,
+                             "--resume: the checkpoint in %s was trained with plan.%s = %lld, "
+                             "this run has %lld; resharding a run is not supported (use the "
+                             "original plan)", r->resume_dir, plan_keys[i],
+                             (long long)json_integer_value(json_object_get(op, plan_keys[i])),
+                             (long long)json_integer_value(json_object_get(np, plan_keys[i])));
+    /* The balancer may change mid-run (recorded in the manifest); the rest of the model may
+     * not. */
+    json_t *om = json_deep_copy(json_object_get(old, "model"));
+    json_t *nm = json_deep_copy(json_object_get(r->doc, "model"));
+    json_object_del(om, "balancer");
+    json_object_del(nm, "balancer");
+    char where[256];
+    int differs = first_difference(om, nm, "model", where, sizeof where);
+    json_decref(om);
+    json_decref(nm);
+    if (differs)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "--resume: the checkpoint in %s has a different "
+                         "model or plugin set (first difference at %s); resume needs the same "
+                         "model", r->resume_dir, where);
+    const json_t *oo = json_object_get(old, "optimizer"), *no = json_object_get(r->doc, "optimizer");
+    if (!json_equal(json_object_get(oo, "plugin"), json_object_get(no, "plugin")))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "--resume: the checkpoint in %s was trained with "
+                         "optimizer %s, this run uses %s", r->resume_dir,
+                         json_string_value(json_object_get(oo, "plugin")),
+                         json_string_value(json_object_get(no, "plugin")));
+    if (first_difference(json_object_get(old, "train"), json_object_get(r->doc, "train"),
+                         "train", where, sizeof where))
+        log_info("note: --resume with a changed training setting (%s): allowed", where);
+    if (first_difference(oo, no, "optimizer", where, sizeof where))
+        log_info("note: --resume with a changed optimizer setting (%s): allowed", where);
+    return K3RT_OK;
+}

@@ -1,0 +1,55 @@
+/* Validation loss over a whole split (or its first windows). */
+#include <stdlib.h>
+
+#include "train/train_internal.h"
+
+int eval_windows(model *m, const token_stream *s, int64_t B, int64_t T, int rank, int ranks,
+                 int64_t max_windows, double acc[2], k3rt_error *err)
+{
+    int64_t W = data_val_windows(s, T), N = B * T;
+    if (max_windows > 0 && max_windows < W)
+        W = max_windows;
+    K3RT_TRY(model_set_shape(m, B, T, err));
+    int32_t *in = malloc((size_t)N * sizeof *in), *tg = malloc((size_t)N * sizeof *tg);
+    if (!in || !tg) {
+        free(in), free(tg);
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    }
+    acc[0] = acc[1] = 0;
+    int rc = K3RT_OK;
+    /* Rank r takes batches of windows r*B, (r + ranks)*B, ...; the last batch is padded
+     * with ignored targets. */
+    for (int64_t w0 = (int64_t)rank * B; w0 < W && !rc; w0 += B * ranks) {
+        for (int64_t b = 0; b < B && !rc; b++) {
+            if (w0 + b < W) {
+                rc = data_val_window(s, w0 + b, T, in + b * T, tg + b * T, err);
+                continue;
+            }
+            for (int64_t t = 0; t < T; t++) {
+                in[b * T + t] = 0;
+                tg[b * T + t] = -1;
+            }
+        }
+        double ls = 0;
+        int64_t cnt = 0;
+        if (!rc)
+            rc = model_eval(m, in, tg, &ls, &cnt, err);
+        acc[0] += ls;
+        acc[1] += (double)cnt;
+    }
+    free(in);
+    free(tg);
+    return rc;
+}
+
+int eval_split(rank_ctx *c, const token_stream *s, int64_t max_windows, double *mean,
+               k3rt_error *err)
+{
+    run *r = c->r;
+    double acc[2];
+    K3RT_TRY(eval_windows(&c->m, s, r->B, r->T, c->rank, r->dp, max_windows, acc, err));
+    if (r->dp > 1)
+        K3RT_TRY(k3rt_all_reduce(c->dp, c->stream, acc, acc, 2, K3RT_F64, K3RT_REDUCE_SUM, err));
+    *mean = acc[1] > 0 ? acc[0] / acc[1] : 0;
+    return K3RT_OK;
+}

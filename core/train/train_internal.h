@@ -1,0 +1,94 @@
+/* State shared by the trainer's files: one `run` for the job, one `rank_ctx` per
+ * data-parallel rank (a thread of the local backend). */
+#ifndef K3RT_TRAIN_INTERNAL_H
+#define K3RT_TRAIN_INTERNAL_H
+
+#include <pthread.h>
+#include <stdio.h>
+
+#include "model/model.h"
+#include "recipe/recipe.h"
+#include "train/data.h"
+#include "train/schedule.h"
+#include "train/train_plot.h"
+#include "train/trainer.h"
+
+typedef struct run {
+    train_options opt;
+    registry reg;
+    recipe *rec;
+    const json_t *doc;            /* the validated recipe document (owned by rec) */
+    int64_t steps, log_interval, eval_interval, eval_batches, ckpt_interval, keep, max_bad;
+    double grad_clip;
+    lr_schedule sched;
+    int64_t B, T, accum;
+    int dp, threads_per_rank, dtype;
+    uint64_t seed;
+    char out[1024], ckpt_root[1100];
+    token_stream train, val;
+    int64_t start_step;           /* steps already done (resume) */
+    char resume_dir[1200];
+    json_t *manifest;             /* of the checkpoint resumed from */
+    json_t *changes;              /* mid-run changes applied so far: [{step, balancer}] */
+    json_t *balancer;             /* the balancer spec in effect */
+    k3rt_comm **comms;
+    FILE *metrics;                /* rank 0 */
+    train_result result;
+    loss_history history;         /* rank 0 */
+    double t_start;
+    pthread_mutex_t lock;
+} run;
+
+typedef struct rank_ctx {
+    run *r;
+    int rank;
+    k3rt_comm *comm, *dp;
+    k3rt_stream *stream;
+    model m;
+    module opt;
+    k3rt_param_ref *refs;
+    float *max_logits;            /* per parameter with qk_clip: [heads] */
+    int bad_in_row;
+    double interval_loss;
+    int64_t interval_steps, interval_tokens;
+    double interval_t0;
+    int rc;
+    k3rt_error err;
+} rank_ctx;
+
+/* train_setup.c */
+int run_setup(run *r, const train_options *o, k3rt_error *err);
+void run_free(run *r);
+int rank_build(rank_ctx *c, k3rt_error *err);
+void rank_free(rank_ctx *c);
+
+/* trainer.c */
+int train_print_header(rank_ctx *c, k3rt_error *err);
+
+/* train_loop.c */
+void *rank_main(void *arg);
+
+/* train_ckpt.c */
+int ckpt_save_run(rank_ctx *c, int64_t step, k3rt_error *err);
+int ckpt_load_run(rank_ctx *c, k3rt_error *err);
+/* Checks a resumed manifest against the run: plan, plugins (model shape is checked when the
+ * weights load). */
+int ckpt_check_compatible(run *r, k3rt_error *err);
+json_t *manifest_plugins(const model *m, const module *opt);
+
+/* train_eval.c: the windows of split s taken by `rank` of `ranks`; acc = {loss sum, count} */
+int eval_windows(model *m, const token_stream *s, int64_t B, int64_t T, int rank, int ranks,
+                 int64_t max_windows, double acc[2], k3rt_error *err);
+int eval_split(rank_ctx *c, const token_stream *s, int64_t max_windows, double *mean,
+               k3rt_error *err);
+
+/* train_report.c */
+void report_progress(rank_ctx *c, int64_t step, double lr, double gnorm, const json_t *moe);
+int report_metrics(rank_ctx *c, json_t *record, k3rt_error *err);
+json_t *moe_metrics(rank_ctx *c, double *worst_maxvio);
+
+/* train_sample.c */
+int sample_text(model *m, int64_t seq_len, const json_t *sample_cfg, char **out,
+                k3rt_error *err);
+
+#endif

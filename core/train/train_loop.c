@@ -1,0 +1,339 @@
+/* The training loop of one data-parallel rank. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_impl.h"
+#include "plugin/sinks.h"
+#include "train/train_internal.h"
+#include "util/fs.h"
+#include "util/log.h"
+
+static int dp_size(const rank_ctx *c) { return c->r->dp; }
+
+static int all_reduce(rank_ctx *c, void *buf, int64_t n, int dtype, int op, k3rt_error *err)
+{
+    if (dp_size(c) == 1)
+        return K3RT_OK;
+    return k3rt_all_reduce(c->dp, c->stream, buf, buf, n, dtype, op, err);
+}
+
+static void reset_stats(model *m)
+{
+    for (int i = 0; i < m->n_mods; i++)
+        if (m->mods[i].m.e->inst.reset_stats)
+            m->mods[i].m.e->inst.reset_stats(m->mods[i].m.self);
+    model_reset_routed(m);
+}
+
+/* Reduces every module statistic across ranks as it asks, and points the optimizer's QK-clip
+ * parameters at their owner's "max_logit". */
+static int gather_stats(rank_ctx *c, k3rt_error *err)
+{
+    model *m = &c->m;
+    for (int i = 0; i < m->n_params; i++)
+        memset(&c->refs[i].head_max_logit, 0, sizeof c->refs[i].head_max_logit);
+    for (int mi = 0; mi < m->n_mods; mi++) {
+        struct k3rt_tensor_sink sink;
+        K3RT_TRY(module_stats(&m->mods[mi].m, &sink, err));
+        int rc = K3RT_OK;
+        for (int k = 0; k < sink.n && !rc; k++) {
+            tensor_sink_item *it = &sink.items[k];
+            if (it->reduce >= 0)
+                rc = all_reduce(c, it->t.data, k3rt_tensor_numel(&it->t), it->t.dtype,
+                                it->reduce, err);
+            if (strcmp(it->name, "max_logit") || it->t.dtype != K3RT_F32)
+                continue;
+            for (int p = 0; p < m->n_params; p++)
+                if (m->params[p].module == mi && m->params[p].decl.qk_clip != K3RT_QK_NONE)
+                    c->refs[p].head_max_logit = it->t;
+        }
+        tensor_sink_free(&sink);
+        K3RT_TRY(rc);
+    }
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->routed[i])
+            K3RT_TRY(all_reduce(c, m->routed[i], m->layers[i].experts, K3RT_I64,
+                                K3RT_REDUCE_SUM, err));
+    return K3RT_OK;
+}
+
+static int update_balancers(rank_ctx *c, int64_t step, k3rt_error *err)
+{
+    model *m = &c->m;
+    for (int i = 0; i < m->n_layers; i++) {
+        int b = m->layers[i].balancer;
+        if (b < 0)
+            continue;
+        module *bm = &m->mods[b].m;
+        K3RT_TRY(module_fail(bm, bm->e->vt.balancer.update(bm->self, c->stream, c->dp, step,
+                                                            err), err));
+    }
+    return K3RT_OK;
+}
+
+typedef struct step_out {
+    double loss, aux, gnorm, lr;
+    int skipped;
+} step_out;
+
+static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_out *o,
+                      k3rt_error *err)
+{
+    run *r = c->r;
+    model *m = &c->m;
+    int64_t N = r->B * r->T;
+    model_zero_grads(m);
+    reset_stats(m);
+    double sums[2] = {0, 0};  /* token loss, auxiliary loss */
+    for (int64_t micro = 0; micro < r->accum; micro++) {
+        int64_t index = ((step - 1) * r->accum + micro) * r->dp + c->rank;
+        K3RT_TRY(data_batch(&r->train, r->seed, index, r->B, r->T, in, tg, err));
+        double ls;
+        K3RT_TRY(model_train_step(m, in, tg, 1.0 / (double)(N * r->accum),
+                                  1.0 / (double)r->accum, &ls, err));
+        sums[0] += ls / (double)(N * r->accum);
+        sums[1] += m->aux_loss / (double)r->accum;
+    }
+    K3RT_TRY(all_reduce(c, m->grad_buf, m->total_numel, m->opt.dtype, K3RT_REDUCE_AVG, err));
+    K3RT_TRY(all_reduce(c, sums, 2, K3RT_F64, K3RT_REDUCE_AVG, err));
+    K3RT_TRY(gather_stats(c, err));
+    double ss;
+    K3RT_TRY(k3rt_sum_squares(c->stream, m->opt.dtype, m->grad_buf, m->total_numel, &ss, err));
+    o->loss = sums[0];
+    o->aux = sums[1];
+    o->gnorm = sqrt(ss);
+    o->lr = schedule_lr(&r->sched, step);
+    o->skipped = !isfinite(o->loss) || !isfinite(o->gnorm) || !isfinite(o->aux);
+    if (o->skipped) {
+        c->bad_in_row++;
+        if (c->rank == 0)
+            log_warn("step %lld: non-finite %s (loss %g, grad norm %g): step skipped (%d in a "
+                     "row, limit %lld)", (long long)step, isfinite(o->loss) ? "gradient" : "loss",
+                     o->loss, o->gnorm, c->bad_in_row, (long long)r->max_bad);
+        if (c->bad_in_row > r->max_bad)
+            return k3rt_fail(err, K3RT_ERR_NUMERIC, "step %lld: %d non-finite steps in a row "
+                             "(train.max_bad_steps = %lld): stopping", (long long)step,
+                             c->bad_in_row, (long long)r->max_bad);
+        return K3RT_OK;
+    }
+    c->bad_in_row = 0;
+    K3RT_TRY(update_balancers(c, step, err));
+    if (r->grad_clip > 0 && o->gnorm > r->grad_clip)
+        K3RT_TRY(k3rt_axpby(c->stream, m->opt.dtype, m->total_numel, r->grad_clip / o->gnorm,
+                            m->grad_buf, 0.0, m->grad_buf, err));
+    k3rt_optimizer_step a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.stream = c->stream;
+    a.comm = c->dp;
+    a.lr = o->lr;
+    a.step = step;
+    a.params = c->refs;
+    a.n_params = m->n_params;
+    return module_fail(&c->opt, c->opt.e->vt.optimizer.step(c->opt.self, &a, err), err);
+}
+
+/* Broadcasts rank 0's change (or none) and applies it on every rank. */
+static int exchange_change(rank_ctx *c, int64_t step, json_t *change, const char *source,
+                           k3rt_error *err)
+{
+    run *r = c->r;
+    char *text = change && c->rank == 0 ? json_dumps(change, JSON_COMPACT) : NULL;
+    int64_t len = text ? (int64_t)strlen(text) + 1 : 0;
+    if (r->dp > 1)
+        K3RT_TRY(k3rt_broadcast(c->comm, c->stream, &len, 1, K3RT_I64, 0, err));
+    if (len == 0)
+        return K3RT_OK;
+    char *buf = text ? text : calloc(1, (size_t)len);
+    if (!buf)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    int rc = r->dp > 1 ? k3rt_broadcast(c->comm, c->stream, buf, len, K3RT_U8, 0, err) : 0;
+    json_t *ch = rc ? NULL : json_loads(buf, 0, NULL);
+    free(buf);
+    if (rc || !ch)
+        return rc ? rc : k3rt_fail(err, K3RT_ERR_INVALID, "mid-run change: bad document");
+    json_t *bal = json_object_get(ch, "balancer");
+    if (bal)
+        rc = model_set_balancer(&c->m, bal, &r->reg, err);
+    if (!rc && c->rank == 0) {
+        pthread_mutex_lock(&r->lock);
+        json_t *rec = json_pack("{s:I, s:s, s:O}", "step", (json_int_t)step, "source", source,
+                                "balancer", bal);
+        json_array_append_new(r->changes, rec);
+        json_decref(r->balancer);
+        r->balancer = json_incref(bal);
+        pthread_mutex_unlock(&r->lock);
+        const char *name = json_string_value(json_object_get(bal, "plugin"));
+        log_info("step %lld: balancer changed to %s (%s)", (long long)step, name ? name : "?",
+                 source);
+    }
+    json_decref(ch);
+    return rc;
+}
+
+/* Changes scheduled by the recipe (train.changes) and returned by on_step, after a step. */
+static int mid_run_changes(rank_ctx *c, int64_t step, json_t *metrics, k3rt_error *err)
+{
+    run *r = c->r;
+    const json_t *sched = json_object_get(json_object_get(r->doc, "train"), "changes");
+    size_t i;
+    json_t *ch;
+    json_array_foreach(sched, i, ch) {
+        if (json_integer_value(json_object_get(ch, "step")) != step)
+            continue;
+        json_t *only = json_pack("{s:O}", "balancer", json_object_get(ch, "balancer"));
+        int rc = exchange_change(c, step, only, "recipe", err);
+        json_decref(only);
+        K3RT_TRY(rc);
+    }
+    if (!json_is_true(json_object_get(r->doc, "has_on_step")))
+        return K3RT_OK;
+    json_t *change = NULL;
+    int rc = c->rank == 0 ? recipe_on_step(r->rec, step, metrics, &change, err) : K3RT_OK;
+    /* A hook failure on rank 0 must not leave the others waiting in the broadcast. */
+    int64_t ok = rc == K3RT_OK;
+    if (r->dp > 1)
+        K3RT_TRY(k3rt_broadcast(c->comm, c->stream, &ok, 1, K3RT_I64, 0, err));
+    if (!ok)
+        return rc ? rc : k3rt_fail(err, K3RT_ERR_INVALID, "on_step failed on rank 0");
+    rc = exchange_change(c, step, change, "on_step", err);
+    json_decref(change);
+    return rc;
+}
+
+static int maybe_eval(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
+{
+    run *r = c->r;
+    int last = step == r->steps;
+    if (!last && !(r->eval_interval > 0 && step % r->eval_interval == 0))
+        return K3RT_OK;
+    double val;
+    K3RT_TRY(eval_split(c, &r->val, r->eval_batches * r->B, &val, err));
+    json_object_set_new(rec, "val_loss", json_real(val));
+    if (c->rank == 0) {
+        r->result.final_val_loss = val;
+        plot_add(&r->history.val, (double)step, val);
+        if (!r->opt.quiet)
+            log_info("step %lld: validation loss %.4f nats/token", (long long)step, val);
+    }
+    return K3RT_OK;
+}
+
+static int stopping_at(const run *r, int64_t step)
+{
+    return step == r->steps || step == r->opt.stop_after;
+}
+
+static int maybe_checkpoint(rank_ctx *c, int64_t step, k3rt_error *err)
+{
+    run *r = c->r;
+    int last = stopping_at(r, step);
+    if (!last && !(r->ckpt_interval > 0 && step % r->ckpt_interval == 0))
+        return K3RT_OK;
+    int rc = c->rank == 0 ? ckpt_save_run(c, step, err) : K3RT_OK;
+    if (r->dp > 1) {
+        int64_t ok = rc == K3RT_OK;
+        K3RT_TRY(k3rt_broadcast(c->comm, c->stream, &ok, 1, K3RT_I64, 0, err));
+        if (!ok && !rc)
+            rc = k3rt_fail(err, K3RT_ERR_IO, "checkpoint of step %lld failed on rank 0",
+                           (long long)step);
+    }
+    return rc;
+}
+
+/* JSON has no NaN or infinity: a non-finite value is recorded as null. */
+static json_t *number(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static json_t *step_record(const rank_ctx *c, int64_t step, const step_out *o)
+{
+    run *r = c->r;
+    return json_pack("{s:I, s:o, s:o, s:f, s:o, s:b, s:I}", "step", (json_int_t)step, "loss",
+                     number(o->loss), "aux_loss", number(o->aux), "lr", o->lr, "grad_norm",
+                     number(o->gnorm), "skipped", o->skipped, "tokens",
+                     (json_int_t)(step * r->B * r->T * r->accum * r->dp));
+}
+
+static int run_steps(rank_ctx *c, k3rt_error *err)
+{
+    run *r = c->r;
+    int64_t N = r->B * r->T;
+    int32_t *in = malloc((size_t)N * sizeof *in), *tg = malloc((size_t)N * sizeof *tg);
+    if (!in || !tg) {
+        free(in), free(tg);
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    }
+    int rc = c->rank == 0 && !r->opt.quiet ? train_print_header(c, err) : K3RT_OK;
+    c->interval_t0 = time_now();
+    for (int64_t step = r->start_step + 1; step <= r->steps && !rc; step++) {
+        step_out o;
+        rc = train_step(c, step, in, tg, &o, err);
+        if (rc)
+            break;
+        json_t *rec = step_record(c, step, &o);
+        if (c->rank == 0) {
+            if (step == r->start_step + 1)
+                r->result.first_loss = o.loss;
+            plot_add(&r->history.train, (double)step, o.loss);
+        }
+        if (!o.skipped) {
+            c->interval_loss += o.loss;
+            c->interval_steps++;
+        }
+        c->interval_tokens += N * r->accum * r->dp;
+        rc = maybe_eval(c, step, rec, err);
+        if (!rc && (step % r->log_interval == 0 || step == r->steps || json_object_get(rec, "val_loss")))
+            rc = report_metrics(c, rec, err);
+        if (!rc)
+            rc = maybe_checkpoint(c, step, err);
+        if (!rc)
+            rc = mid_run_changes(c, step, rec, err);
+        json_decref(rec);
+        r->result.steps_done = step;
+        if (step == r->opt.stop_after)
+            break;
+    }
+    free(in);
+    free(tg);
+    return rc;
+}
+
+static int finish(rank_ctx *c, k3rt_error *err)
+{
+    run *r = c->r;
+    if (c->rank != 0 || r->result.steps_done < r->steps)
+        return K3RT_OK;
+    r->result.seconds = time_now() - r->t_start;
+    char path[1200];
+    fs_join(path, sizeof path, r->out, "loss.svg");
+    char title[256];
+    snprintf(title, sizeof title, "k3rt: %s", recipe_path(r->rec));
+    K3RT_TRY(plot_write_svg(&r->history, title, path, err));
+    if (!r->opt.quiet)
+        log_info("wrote %s", path);
+    if (r->opt.no_sample)
+        return K3RT_OK;
+    char *text = NULL;
+    K3RT_TRY(sample_text(&c->m, r->T, json_object_get(r->doc, "sample"), &text, err));
+    fs_join(path, sizeof path, r->out, "sample.txt");
+    int rc = fs_write_atomic(path, text, strlen(text), err);
+    if (!rc && !r->opt.quiet)
+        log_info("--- sample (%zu bytes, also in %s) ---\n%s\n--- end of sample ---",
+                 strlen(text), path, text);
+    free(text);
+    return rc;
+}
+
+void *rank_main(void *arg)
+{
+    rank_ctx *c = arg;
+    k3rt_error *err = &c->err;
+    c->rc = rank_build(c, err);
+    if (!c->rc)
+        c->rc = run_steps(c, err);
+    if (!c->rc)
+        c->rc = finish(c, err);
+    if (c->rc && c->r->dp > 1)
+        comm_local_abort(c->comm ? c->comm : c->r->comms[c->rank]);
+    return NULL;
+}

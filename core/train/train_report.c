@@ -1,0 +1,106 @@
+/* Progress lines and JSON-lines metrics (rank 0), with per-layer MoE load statistics. */
+#include <math.h>
+#include <string.h>
+
+#include "train/train_internal.h"
+#include "util/log.h"
+
+/* Load statistics of one MoE layer from the tokens each expert received this step. */
+static json_t *layer_load(const int64_t *counts, int experts, int top_k, double *maxvio)
+{
+    int64_t lo = counts[0], hi = counts[0], total = 0;
+    int dead = 0;
+    for (int e = 0; e < experts; e++) {
+        lo = counts[e] < lo ? counts[e] : lo;
+        hi = counts[e] > hi ? counts[e] : hi;
+        total += counts[e];
+        dead += counts[e] == 0;
+    }
+    double mean = (double)total / experts, var = 0;
+    for (int e = 0; e < experts; e++)
+        var += ((double)counts[e] - mean) * ((double)counts[e] - mean);
+    double cv = mean > 0 ? sqrt(var / experts) / mean : 0;
+    *maxvio = mean > 0 ? (double)hi / mean - 1.0 : 0;
+    return json_pack("{s:I, s:I, s:f, s:f, s:i, s:i}", "min", (json_int_t)lo, "max",
+                     (json_int_t)hi, "maxvio", *maxvio, "cv", cv, "dead", dead, "top_k", top_k);
+}
+
+json_t *moe_metrics(rank_ctx *c, double *worst_maxvio)
+{
+    model *m = &c->m;
+    json_t *layers = NULL;
+    *worst_maxvio = -1;
+    for (int i = 0; i < m->n_layers; i++) {
+        if (!m->routed[i])
+            continue;
+        double v;
+        json_t *l = layer_load(m->routed[i], m->layers[i].experts, m->layers[i].top_k, &v);
+        if (!layers)
+            layers = json_object();
+        char key[32];
+        snprintf(key, sizeof key, "layers.%d", i);
+        json_object_set_new(layers, key, l);
+        if (v > *worst_maxvio)
+            *worst_maxvio = v;
+    }
+    return layers;
+}
+
+static void format_eta(double s, char *buf, size_t len)
+{
+    if (!isfinite(s) || s < 0)
+        snprintf(buf, len, "?");
+    else if (s >= 3600)
+        snprintf(buf, len, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
+    else
+        snprintf(buf, len, "%dm%02ds", (int)(s / 60), (int)s % 60);
+}
+
+int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
+{
+    run *r = c->r;
+    double now = time_now(), dt = now - c->interval_t0;
+    double tps = dt > 0 ? (double)c->interval_tokens / dt : 0;
+    int64_t step = json_integer_value(json_object_get(rec, "step"));
+    double mean = c->interval_steps ? c->interval_loss / (double)c->interval_steps : NAN;
+    double worst = -1;
+    json_t *moe = moe_metrics(c, &worst);
+    if (c->rank == 0) {
+        double elapsed = now - r->t_start;
+        double eta = (double)(r->steps - step) * (elapsed / (double)(step - r->start_step));
+        json_object_set_new(rec, "train_loss_mean", json_real(isfinite(mean) ? mean : -1));
+        json_object_set_new(rec, "tokens_per_s", json_real(tps));
+        json_object_set_new(rec, "elapsed_s", json_real(elapsed));
+        json_object_set_new(rec, "eta_s", json_real(eta));
+        if (moe) {
+            json_object_set(rec, "moe", moe);
+            json_object_set_new(rec, "maxvio_worst", json_real(worst));
+        }
+        char *line = json_dumps(rec, JSON_COMPACT | JSON_REAL_PRECISION(17));
+        if (!line || fprintf(r->metrics, "%s\n", line) < 0 || fflush(r->metrics) != 0) {
+            free(line);
+            json_decref(moe);
+            return k3rt_fail(err, K3RT_ERR_IO, "%s/metrics.jsonl: write failed", r->out);
+        }
+        free(line);
+        if (isfinite(mean))
+            r->result.final_train_loss = mean;
+        if (!r->opt.quiet) {
+            char eta_s[32], vio[48] = "";
+            format_eta(eta, eta_s, sizeof eta_s);
+            if (moe)
+                snprintf(vio, sizeof vio, " | maxvio %.2f", worst);
+            log_info("step %6lld/%lld | loss %.4f | lr %.2e | grad %.3f | %.1fk tok/s%s | ETA %s",
+                     (long long)step, (long long)r->steps, mean,
+                     json_real_value(json_object_get(rec, "lr")),
+                     json_number_value(json_object_get(rec, "grad_norm")), tps / 1000.0, vio,
+                     eta_s);
+        }
+    }
+    json_decref(moe);
+    c->interval_loss = 0;
+    c->interval_steps = 0;
+    c->interval_tokens = 0;
+    c->interval_t0 = now;
+    return K3RT_OK;
+}

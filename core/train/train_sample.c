@@ -1,0 +1,100 @@
+/* Text generation from a model with the byte tokenizer: temperature and top-k sampling over a
+ * sliding context of at most seq_len bytes. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/train_internal.h"
+
+/* Draws a token from softmax(logits / temperature), restricted to the top_k largest
+ * (top_k <= 0: all); temperature <= 0 is greedy. */
+static int32_t draw(double *logits, int64_t V, double temperature, int64_t top_k, k3rt_rng *rng)
+{
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; v++)
+        if (logits[v] > logits[best])
+            best = v;
+    if (temperature <= 0)
+        return (int32_t)best;
+    double cutoff = -INFINITY;
+    if (top_k > 0 && top_k < V) {
+        /* The k-th largest value, by repeated selection (V is small for byte models). */
+        double *copy = malloc((size_t)V * sizeof *copy);
+        if (copy) {
+            memcpy(copy, logits, (size_t)V * sizeof *copy);
+            for (int64_t k = 0; k < top_k; k++) {
+                int64_t arg = k;
+                for (int64_t v = k + 1; v < V; v++)
+                    if (copy[v] > copy[arg])
+                        arg = v;
+                double t = copy[k];
+                copy[k] = copy[arg];
+                copy[arg] = t;
+            }
+            cutoff = copy[top_k - 1];
+            free(copy);
+        }
+    }
+    double total = 0;
+    for (int64_t v = 0; v < V; v++) {
+        logits[v] = logits[v] >= cutoff ? exp((logits[v] - logits[best]) / temperature) : 0.0;
+        total += logits[v];
+    }
+    double u = k3rt_rng_uniform(rng) * total;
+    for (int64_t v = 0; v < V; v++) {
+        u -= logits[v];
+        if (u <= 0 && logits[v] > 0)
+            return (int32_t)v;
+    }
+    return (int32_t)best;
+}
+
+int sample_text(model *m, int64_t seq_len, const json_t *cfg, char **out, k3rt_error *err)
+{
+    int64_t n = json_integer_value(json_object_get(cfg, "bytes"));
+    double temperature = json_number_value(json_object_get(cfg, "temperature"));
+    int64_t top_k = json_integer_value(json_object_get(cfg, "top_k"));
+    const char *prompt = json_string_value(json_object_get(cfg, "prompt"));
+    uint64_t seed = (uint64_t)json_integer_value(json_object_get(cfg, "seed"));
+    if (!prompt || !*prompt)
+        prompt = "\n";
+    if (m->vocab < 256)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "sample: text sampling needs the byte "
+                         "tokenizer (vocab >= 256), this model has vocab %lld",
+                         (long long)m->vocab);
+    if (n < 1)
+        n = 1;
+    K3RT_TRY(model_set_shape(m, 1, seq_len, err));
+    size_t plen = strlen(prompt);
+    char *text = malloc(plen + (size_t)n + 1);
+    int32_t *ctx = calloc((size_t)seq_len, sizeof *ctx);
+    double *logits = malloc((size_t)m->vocab * sizeof *logits);
+    if (!text || !ctx || !logits) {
+        free(text), free(ctx), free(logits);
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "sample: out of memory");
+    }
+    memcpy(text, prompt, plen);
+    size_t len = plen;
+    k3rt_rng rng;
+    k3rt_rng_seed(&rng, seed, 0x5a3b1eull);
+    int rc = K3RT_OK;
+    for (int64_t i = 0; i < n && !rc; i++) {
+        int64_t take = (int64_t)len < seq_len ? (int64_t)len : seq_len;
+        for (int64_t t = 0; t < seq_len; t++)
+            ctx[t] = t < take ? (unsigned char)text[len - (size_t)take + (size_t)t] : 0;
+        rc = model_logits_at(m, ctx, take - 1, logits, err);
+        if (!rc)
+            text[len++] = (char)draw(logits, m->vocab, temperature, top_k, &rng);
+    }
+    text[len] = '\0';
+    free(ctx);
+    free(logits);
+    if (rc) {
+        free(text);
+        return rc;
+    }
+    /* The prompt is context, not output. */
+    memmove(text, text + plen, len - plen + 1);
+    *out = text;
+    return K3RT_OK;
+}

@@ -1,0 +1,292 @@
+/* Trainer setup: recipe, plan checks, data, output directory, resume point; and the per-rank
+ * model and optimizer. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "comm/comm_impl.h"
+#include "train/checkpoint.h"
+#include "train/train_internal.h"
+#include "util/fs.h"
+#include "util/log.h"
+
+static int64_t get_int(const json_t *o, const char *k) { return json_integer_value(json_object_get(o, k)); }
+static double get_num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
+static const char *get_str(const json_t *o, const char *k) { return json_string_value(json_object_get(o, k)); }
+
+/* Plans this build cannot run yet fail here, before anything is allocated. */
+static int check_plan(run *r, const json_t *plan, k3rt_error *err)
+{
+    int64_t ep = get_int(plan, "ep"), cp = get_int(plan, "cp");
+    if (ep > 1 || cp > 1)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
+                         "plan: ep = %lld, cp = %lld: expert and context parallelism are not "
+                         "supported yet (use ep = 1, cp = 1)", (long long)ep, (long long)cp);
+    const char *ws = getenv("WORLD_SIZE"), *slurm = getenv("SLURM_NTASKS"),
+               *mpi = getenv("OMPI_COMM_WORLD_SIZE");
+    const char *multi = ws && atoi(ws) > 1 ? "WORLD_SIZE"
+                        : slurm && atoi(slurm) > 1 ? "SLURM_NTASKS"
+                        : mpi && atoi(mpi) > 1 ? "OMPI_COMM_WORLD_SIZE" : NULL;
+    if (multi)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
+                         "%s says this job has several processes: multi-process training (NCCL) "
+                         "is not supported yet; run one process (data parallelism runs as "
+                         "threads of it with plan.dp)", multi);
+    r->dp = (int)get_int(plan, "dp");
+    r->B = get_int(plan, "micro_batch");
+    r->T = get_int(plan, "seq_len");
+    r->accum = get_int(plan, "grad_accum");
+    if (r->dp < 1 || r->B < 1 || r->T < 1 || r->accum < 1)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "plan: dp, micro_batch, seq_len and grad_accum "
+                         "must be >= 1");
+    int threads = (int)get_int(plan, "threads");
+    if (threads <= 0)
+        threads = cpu_default_threads();
+    r->threads_per_rank = threads / r->dp > 0 ? threads / r->dp : 1;
+    return K3RT_OK;
+}
+
+/* The CPU runs every plugin; the GPU only when every plugin of the recipe has a CUDA path. */
+static int choose_device(run *r, const json_t *plan, k3rt_error *err)
+{
+    const char *device = get_str(plan, "device"), *dtype = get_str(plan, "dtype");
+    const json_t *model = json_object_get(r->doc, "model");
+    char missing[512] = "";
+    size_t at = 0;
+    const char *slots[] = {"ffn", "dense_ffn", "balancer", "residual"};
+    const json_t *mix, *spec;
+    const char *letter;
+    json_object_foreach((json_t *)json_object_get(model, "mixers"), letter, mix) {
+        const plugin_entry *e = recipe_spec_plugin(r->rec, mix);
+        if (e && !(e->desc.caps & K3RT_CAP_CUDA))
+            at += (size_t)snprintf(missing + at, sizeof missing - at, "%s%s", at ? ", " : "",
+                                   e->desc.name);
+    }
+    for (int i = 0; i < 4; i++) {
+        spec = json_object_get(model, slots[i]);
+        const plugin_entry *e = spec ? recipe_spec_plugin(r->rec, spec) : NULL;
+        if (e && !(e->desc.caps & K3RT_CAP_CUDA) && at < sizeof missing)
+            at += (size_t)snprintf(missing + at, sizeof missing - at, "%s%s", at ? ", " : "",
+                                   e->desc.name);
+    }
+    spec = json_object_get(r->doc, "optimizer");
+    const plugin_entry *oe = recipe_spec_plugin(r->rec, spec);
+    if (oe && !(oe->desc.caps & K3RT_CAP_CUDA) && at < sizeof missing)
+        at += (size_t)snprintf(missing + at, sizeof missing - at, "%s%s", at ? ", " : "",
+                               oe->desc.name);
+    int gpus = k3rt_cuda_device_count();
+    if (device && !strcmp(device, "cuda")) {
+        if (gpus == 0)
+            return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\" but no CUDA "
+                             "device is available to this build");
+        if (at)
+            return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\" but these "
+                             "plugins have no CUDA path: %s", missing);
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\": the CUDA training "
+                         "path of the model is not available in this build yet");
+    }
+    if (gpus > 0 && at && (!device || !strcmp(device, "auto")))
+        log_info("note: training on the CPU: plugins without a CUDA path: %s", missing);
+    if (!dtype || !strcmp(dtype, "auto") || !strcmp(dtype, "f32"))
+        r->dtype = K3RT_F32;
+    else if (!strcmp(dtype, "f64"))
+        r->dtype = K3RT_F64;
+    else
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.dtype = \"%s\" needs the CUDA "
+                         "backend; the CPU computes in f32 (or f64)", dtype);
+    return K3RT_OK;
+}
+
+static int load_data(run *r, k3rt_error *err)
+{
+    const json_t *data = json_object_get(r->doc, "data");
+    const char *tok = get_str(data, "tokenizer");
+    if (tok && !strcmp(tok, "shards")) {
+        K3RT_TRY(data_load_shard(get_str(data, "train"), &r->train, err));
+        K3RT_TRY(data_load_shard(get_str(data, "val"), &r->val, err));
+    } else {
+        K3RT_TRY(data_load_bytes(get_str(data, "path"), get_num(data, "val_fraction"), &r->train,
+                                 &r->val, err));
+    }
+    int64_t vocab = get_int(json_object_get(r->doc, "model"), "vocab");
+    int32_t top = r->train.max_token > r->val.max_token ? r->train.max_token : r->val.max_token;
+    if (top >= vocab)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "data: token %d does not fit model.vocab = %lld",
+                         top, (long long)vocab);
+    if (r->train.n < r->T + 2)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "data: %lld training tokens are fewer than one "
+                         "sequence of %lld", (long long)r->train.n, (long long)r->T);
+    return K3RT_OK;
+}
+
+static int read_train_section(run *r, k3rt_error *err)
+{
+    const json_t *t = json_object_get(r->doc, "train");
+    const json_t *optz = json_object_get(r->doc, "optimizer");
+    r->steps = get_int(t, "steps");
+    r->log_interval = get_int(t, "log_interval");
+    r->eval_interval = get_int(t, "eval_interval");
+    r->eval_batches = get_int(t, "eval_batches");
+    r->ckpt_interval = get_int(t, "checkpoint_interval");
+    r->keep = get_int(t, "keep_checkpoints");
+    r->max_bad = get_int(t, "max_bad_steps");
+    r->grad_clip = get_num(t, "grad_clip");
+    r->seed = (uint64_t)get_int(t, "seed");
+    r->sched.lr = get_num(optz, "lr");
+    r->sched.min_ratio = get_num(t, "min_lr_ratio");
+    r->sched.warmup = get_int(t, "warmup");
+    r->sched.steps = r->steps;
+    snprintf(r->sched.kind, sizeof r->sched.kind, "%s", get_str(t, "schedule"));
+    if (r->steps < 1 || !(r->sched.lr > 0))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "train.steps must be >= 1 and optimizer.lr > 0");
+    if (r->log_interval < 1)
+        r->log_interval = 1;
+    r->changes = json_array();
+    r->balancer = json_deep_copy(json_object_get(json_object_get(r->doc, "model"), "balancer"));
+    return r->changes && r->balancer ? K3RT_OK
+                                     : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+}
+
+static int prepare_output(run *r, k3rt_error *err)
+{
+    const char *out = r->opt.out_dir ? r->opt.out_dir : get_str(r->doc, "out");
+    snprintf(r->out, sizeof r->out, "%s", out ? out : "runs/k3rt");
+    fs_join(r->ckpt_root, sizeof r->ckpt_root, r->out, "checkpoints");
+    if (r->opt.dry_run)
+        return K3RT_OK;
+    K3RT_TRY(fs_mkdirs(r->ckpt_root, err));
+    if (r->opt.resume) {
+        int64_t step;
+        int rc = ckpt_latest(r->ckpt_root, &step, r->resume_dir, sizeof r->resume_dir, err);
+        if (rc == K3RT_ERR_NOT_FOUND)
+            return k3rt_fail(err, rc, "--resume: no complete checkpoint under %s",
+                             r->ckpt_root);
+        K3RT_TRY(rc);
+        K3RT_TRY(ckpt_read_manifest(r->resume_dir, &r->manifest, err));
+        K3RT_TRY(ckpt_check_compatible(r, err));
+        r->start_step = step;
+        json_t *changes = json_object_get(r->manifest, "changes");
+        size_t i;
+        json_t *c;
+        json_array_foreach(changes, i, c) {
+            json_array_append(r->changes, c);
+            json_decref(r->balancer);
+            r->balancer = json_deep_copy(json_object_get(c, "balancer"));
+        }
+    }
+    char path[1200];
+    fs_join(path, sizeof path, r->out, "metrics.jsonl");
+    r->metrics = fopen(path, r->opt.resume ? "ab" : "wb");
+    if (!r->metrics)
+        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot open for writing", path);
+    return K3RT_OK;
+}
+
+int run_setup(run *r, const train_options *o, k3rt_error *err)
+{
+    memset(r, 0, sizeof *r);
+    r->opt = *o;
+    pthread_mutex_init(&r->lock, NULL);
+    r->result.final_val_loss = NAN;
+    r->result.first_loss = NAN;
+    K3RT_TRY(registry_init(&r->reg, o->plugin_path, err));
+    K3RT_TRY(recipe_load(o->recipe_path, &r->reg, o->overrides, o->n_overrides, NULL, &r->rec,
+                         err));
+    r->doc = recipe_json(r->rec);
+    const json_t *plan = json_object_get(r->doc, "plan");
+    K3RT_TRY(check_plan(r, plan, err));
+    K3RT_TRY(choose_device(r, plan, err));
+    K3RT_TRY(read_train_section(r, err));
+    K3RT_TRY(prepare_output(r, err));
+    if (!o->dry_run)
+        K3RT_TRY(load_data(r, err));
+    return comm_local_create(r->dp, &r->comms, err);
+}
+
+void run_free(run *r)
+{
+    if (r->comms)
+        comm_local_destroy(r->comms, r->dp);
+    token_stream_free(&r->train);
+    token_stream_free(&r->val);
+    if (r->metrics)
+        fclose(r->metrics);
+    json_decref(r->manifest);
+    json_decref(r->changes);
+    json_decref(r->balancer);
+    if (r->rec)
+        recipe_free(r->rec);
+    registry_free(&r->reg);
+    pthread_mutex_destroy(&r->lock);
+}
+
+static int build_optimizer(rank_ctx *c, k3rt_error *err)
+{
+    run *r = c->r;
+    model *m = &c->m;
+    c->refs = calloc((size_t)m->n_params, sizeof *c->refs);
+    c->max_logits = calloc((size_t)m->n_params * 64 + 1, sizeof(float));
+    if (!c->refs || !c->max_logits)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < m->n_params; i++) {
+        k3rt_param_ref *p = &c->refs[i];
+        p->struct_size = sizeof *p;
+        p->index = i;
+        p->name = m->params[i].name;
+        p->decl = &m->params[i].decl;
+        p->param = m->params[i].param;
+        p->grad = m->params[i].grad;
+    }
+    const json_t *spec = json_object_get(r->doc, "optimizer");
+    const plugin_entry *e;
+    K3RT_TRY(model_resolve_spec(&r->reg, spec, K3RT_KIND_OPTIMIZER, "optimizer", &e, err));
+    k3rt_create_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.dtype = m->opt.dtype;
+    a.device = m->opt.device;
+    a.d_model = m->d;
+    a.vocab = m->vocab;
+    a.n_layers = m->n_layers;
+    a.layer = -1;
+    a.params = c->refs;
+    a.n_params = m->n_params;
+    a.comm = c->comm;
+    a.stream = c->stream;
+    a.seed = r->seed;
+    return module_create(&c->opt, e, json_object_get(spec, "config"), &a, "optimizer", err);
+}
+
+int rank_build(rank_ctx *c, k3rt_error *err)
+{
+    run *r = c->r;
+    c->comm = r->comms[c->rank];
+    c->dp = k3rt_comm_group(c->comm, K3RT_GROUP_DP);
+    K3RT_TRY(k3rt_stream_create(K3RT_DEVICE_CPU, K3RT_STREAM_COMPUTE, &c->stream, err));
+    k3rt_stream_set_threads(c->stream, r->threads_per_rank);
+    json_t *mdoc = json_deep_copy(json_object_get(r->doc, "model"));
+    if (!mdoc)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    json_object_set(mdoc, "balancer", r->balancer);
+    model_options mo = {r->dtype, K3RT_DEVICE_CPU, c->stream, c->comm, r->seed,
+                        json_is_true(json_object_get(json_object_get(r->doc, "plan"),
+                                                     "deterministic"))};
+    int rc = model_build(&c->m, mdoc, &r->reg, &mo, err);
+    json_decref(mdoc);
+    K3RT_TRY(rc);
+    K3RT_TRY(model_set_shape(&c->m, r->B, r->T, err));
+    K3RT_TRY(build_optimizer(c, err));
+    if (r->opt.resume && r->resume_dir[0])
+        K3RT_TRY(ckpt_load_run(c, err));
+    return K3RT_OK;
+}
+
+void rank_free(rank_ctx *c)
+{
+    module_destroy(&c->opt);
+    model_free(&c->m);
+    free(c->refs);
+    free(c->max_logits);
+    k3rt_stream_destroy(c->stream);
+}

@@ -1,0 +1,142 @@
+/* `k3rt train`: setup, the data-parallel ranks as threads, the plan printout (train_main). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/train_internal.h"
+#include "util/log.h"
+
+static void human(double n, char *buf, size_t len)
+{
+    if (n >= 1e9)
+        snprintf(buf, len, "%.2fB", n / 1e9);
+    else if (n >= 1e6)
+        snprintf(buf, len, "%.2fM", n / 1e6);
+    else if (n >= 1e3)
+        snprintf(buf, len, "%.1fK", n / 1e3);
+    else
+        snprintf(buf, len, "%.0f", n);
+}
+
+/* What the run will do: model size, FLOPs, memory, plugins (llm.c prints this too). */
+static int print_header(rank_ctx *c, k3rt_error *err)
+{
+    run *r = c->r;
+    model *m = &c->m;
+    int64_t total, active;
+    model_param_counts(m, &total, &active);
+    double f, b;
+    K3RT_TRY(model_flops(m, r->B, r->T, &f, &b, err));
+    char t[32], a[32], fl[32];
+    human((double)total, t, sizeof t);
+    human((double)active, a, sizeof a);
+    human((f + b) / (double)(r->B * r->T), fl, sizeof fl);
+    log_info("k3rt %s | %s | %d layers, d_model %lld, vocab %lld | %s parameters (%s active "
+             "per token) | %s FLOPs/token (fwd+bwd)", k3rt_version_string(),
+             recipe_path(r->rec), m->n_layers, (long long)m->d, (long long)m->vocab, t, a, fl);
+    char pattern[256] = "";
+    for (int i = 0; i < m->n_layers && i < 255; i++)
+        pattern[i] = m->layers[i].mixer_letter;
+    log_info("layers: pattern %s | mixers %s | ffn %s | residual %s | balancer %s | optimizer "
+             "%s", pattern, m->mods[m->layers[0].mixer].m.e->desc.name,
+             m->mods[m->layers[m->n_layers - 1].ffn].m.e->desc.name,
+             m->mods[m->residual].m.e->desc.name,
+             json_string_value(json_object_get(r->balancer, "plugin")), c->opt.e->desc.name);
+    log_info("plan: cpu, %d rank%s x %d thread%s, micro-batch %lld x %lld tokens, grad accum "
+             "%lld, %lld steps, %lld train / %lld validation tokens, activations %.1f MiB",
+             r->dp, r->dp > 1 ? "s" : "", r->threads_per_rank, r->threads_per_rank > 1 ? "s" : "",
+             (long long)r->B, (long long)r->T, (long long)r->accum, (long long)r->steps,
+             (long long)r->train.n, (long long)r->val.n, (double)m->act_bytes / (1 << 20));
+    return K3RT_OK;
+}
+
+static int dry_run(rank_ctx *c, k3rt_error *err)
+{
+    model *m = &c->m;
+    printf("%-44s %-18s %-14s %s\n", "PARAMETER", "SHAPE", "ROLE", "RULE");
+    for (int i = 0; i < m->n_params; i++) {
+        char shape[64], rule[96] = "-";
+        k3rt_tensor_shape_str(&m->params[i].param, shape, sizeof shape);
+        if (c->opt.e->vt.optimizer.describe)
+            c->opt.e->vt.optimizer.describe(c->opt.self, i, rule, sizeof rule);
+        printf("%-44s %-18s %-14s %s\n", m->params[i].name, shape,
+               k3rt_role_name(m->params[i].decl.role), rule);
+    }
+    k3rt_memory om;
+    K3RT_TRY(module_memory(&c->opt, 0, 0, &om, err));
+    printf("memory: parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB, "
+           "activations per micro-batch %.2f MiB\n",
+           (double)m->total_numel * (double)m->elem / (1 << 20),
+           (double)m->total_numel * (double)m->elem / (1 << 20),
+           (double)om.state_bytes / (1 << 20), (double)m->act_bytes / (1 << 20));
+    return K3RT_OK;
+}
+
+static int run_ranks(run *r, k3rt_error *err)
+{
+    rank_ctx *ctx = calloc((size_t)r->dp, sizeof *ctx);
+    pthread_t *th = calloc((size_t)r->dp, sizeof *th);
+    if (!ctx || !th) {
+        free(ctx), free(th);
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < r->dp; i++) {
+        ctx[i].r = r;
+        ctx[i].rank = i;
+    }
+    r->t_start = time_now();
+    if (r->dp == 1) {
+        rank_main(&ctx[0]);
+    } else {
+        for (int i = 0; i < r->dp; i++)
+            pthread_create(&th[i], NULL, rank_main, &ctx[i]);
+        for (int i = 0; i < r->dp; i++)
+            pthread_join(th[i], NULL);
+    }
+    /* Report the rank that failed first-hand, not one stopped by the abort it caused. */
+    int rc = K3RT_OK, pick = -1;
+    for (int i = 0; i < r->dp; i++)
+        if (ctx[i].rc && (pick < 0 || (ctx[pick].rc == K3RT_ERR_COMM &&
+                                       ctx[i].rc != K3RT_ERR_COMM)))
+            pick = i;
+    if (pick >= 0) {
+        rc = ctx[pick].rc;
+        *err = ctx[pick].err;
+        if (r->dp > 1)
+            k3rt_error_prefix(err, "rank %d: ", pick);
+    }
+    for (int i = 0; i < r->dp; i++)
+        rank_free(&ctx[i]);
+    free(ctx);
+    free(th);
+    return rc;
+}
+
+int train_main(const train_options *o, train_result *result, k3rt_error *err)
+{
+    run *r = calloc(1, sizeof *r);
+    if (!r)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    int rc = run_setup(r, o, err);
+    if (!rc && o->dry_run) {
+        rank_ctx c;
+        memset(&c, 0, sizeof c);
+        c.r = r;
+        rc = rank_build(&c, err);
+        if (!rc)
+            rc = print_header(&c, err);
+        if (!rc)
+            rc = dry_run(&c, err);
+        rank_free(&c);
+    } else if (!rc) {
+        rc = run_ranks(r, err);
+    }
+    if (result)
+        *result = r->result;
+    loss_history_free(&r->history);
+    run_free(r);
+    free(r);
+    return rc;
+}
+
+int train_print_header(rank_ctx *c, k3rt_error *err) { return print_header(c, err); }

@@ -1,0 +1,85 @@
+/* NoPE MLA (Kimi-Linear / K3 gated MLA): the instance, its parameter slots and the layout of the
+ * saved and workspace buffers, shared by plugin.c and the CPU kernels (cpu.inc.c). */
+#ifndef K3RT_PLUGIN_MLA_H
+#define K3RT_PLUGIN_MLA_H
+
+#include <k3rt/k3rt.h>
+
+/* Query rows per block of the causal attention: a block of rows only multiplies the keys up to
+ * its last row, so the T x T products cost ~T^2/2 (+ T*MLA_BLOCK/2), and the score scratch is
+ * MLA_BLOCK x T per thread instead of T x T. */
+#define MLA_BLOCK 64
+
+/* Parameter slots, in declaration order; a slot absent from a configuration has index -1. */
+enum {
+    MLA_Q_A,          /* q_a_proj.weight           [q_rank, d]           (q_rank > 0) */
+    MLA_Q_A_NORM,     /* q_a_layernorm.weight      [q_rank]              (q_rank > 0) */
+    MLA_Q_NOPE,       /* q_nope_proj.weight        [H*dn, q_in] */
+    MLA_Q_SHARED,     /* q_shared_proj.weight      [H*dr, q_in]          (dr > 0) */
+    MLA_KV_A,         /* kv_a_proj_with_mqa.weight [dc+dr, d]: latent c, then shared key */
+    MLA_KV_A_NORM,    /* kv_a_layernorm.weight     [dc] */
+    MLA_K_B,          /* k_b_proj.weight           [H*dn, dc] */
+    MLA_V_B,          /* v_b_proj.weight           [H*dv, dc] */
+    MLA_GATE,         /* o_gate_proj.weight        [H*dv, d]             (output_gate) */
+    MLA_O,            /* o_proj.weight             [d, H*dv] */
+    MLA_N_SLOTS
+};
+
+typedef struct mla {
+    int64_t d;      /* d_model */
+    int64_t H;      /* heads */
+    int64_t rq;     /* q_rank; 0 = queries straight from x */
+    int64_t dc;     /* kv_rank: latent width */
+    int64_t dn;     /* qk_nope_dim: per-head key/query part from the latent */
+    int64_t dr;     /* qk_shared_dim: the unrotated key part shared by all heads */
+    int64_t dv;     /* v_dim */
+    int64_t dqk;    /* dn + dr */
+    int gate;       /* sigmoid output gate (K3 gated MLA) */
+    double eps;     /* latent RMSNorm epsilon */
+    double init_std;
+    double scale;   /* softmax scale, 1/sqrt(dn + dr) unless configured */
+    int dtype;      /* K3RT_F32 or K3RT_F64 */
+    int slots;      /* attention scratch slots = threads of the create stream */
+    int slot[MLA_N_SLOTS];  /* parameter index of each slot, or -1 */
+    int n_params;
+    float *max_logit;       /* [H] since reset_stats; -inf before anything was forwarded */
+} mla;
+
+/* Offsets, in elements of the compute dtype, into the saved buffer (kept from forward to
+ * backward) and the workspace (scratch of one call). N = B*T tokens. */
+typedef struct mla_layout {
+    /* saved */
+    int64_t qa, q_rstd, qan;   /* [N, rq], [N], [N, rq]      (rq > 0) */
+    int64_t c, kv_rstd, chat;  /* [N, dc], [N], [N, dc]      latent before/after its norm */
+    int64_t q, k;              /* [B, T, H, dqk]             assembled [nope ; shared] */
+    int64_t v, o;              /* [B, T, H, dv] */
+    int64_t lse;               /* [B, H, T]                  softmax log-sum-exp per row */
+    int64_t z;                 /* [B, T, H, dv]              gate pre-activation (gate) */
+    int64_t saved;             /* total */
+    /* forward workspace */
+    int64_t f_qn, f_qr, f_kn;  /* [N, H*dn], [N, H*dr], [N, H*dn] projections before assembly */
+    int64_t f_kr;              /* [N, dr]                    the shared key */
+    int64_t f_og;              /* [N, H*dv]                  gated attention output */
+    int64_t f_max;             /* [B*H]                      max logit of each (b, h) */
+    int64_t f_scratch;         /* [slots, MLA_BLOCK, T]      scores of one row block */
+    int64_t fwd;               /* total */
+    /* backward workspace */
+    int64_t b_g1, b_g2;        /* [N, H*dv] x2: gated output, then dz; d(gated), then dO */
+    int64_t b_dq, b_dk, b_dv;  /* [B, T, H, dqk] x2, [B, T, H, dv] */
+    int64_t b_dqn, b_dqr;      /* [N, H*dn], [N, H*dr] */
+    int64_t b_dkn, b_dkr;      /* [N, H*dn], [N, dr] */
+    int64_t b_dqin, b_dqa;     /* [N, rq] x2                 (rq > 0) */
+    int64_t b_dchat, b_dc;     /* [N, dc] x2 */
+    int64_t b_scratch;         /* [slots, 2, MLA_BLOCK, T]   P and dP of one row block */
+    int64_t bwd;               /* total */
+    int64_t workspace;         /* max(fwd, bwd) */
+} mla_layout;
+
+void mla_layout_make(const mla *m, int64_t B, int64_t T, int slots, mla_layout *l);
+
+int mla_forward_f32(mla *m, const k3rt_fwd_args *a, k3rt_error *err);
+int mla_forward_f64(mla *m, const k3rt_fwd_args *a, k3rt_error *err);
+int mla_backward_f32(mla *m, const k3rt_bwd_args *a, k3rt_error *err);
+int mla_backward_f64(mla *m, const k3rt_bwd_args *a, k3rt_error *err);
+
+#endif

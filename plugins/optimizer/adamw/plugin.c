@@ -1,0 +1,194 @@
+/* adamw: descriptor, options, state allocation and checkpointed state. */
+#include "adamw.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const k3rt_option options[] = {
+    {"beta1", K3RT_OPT_FLOAT, 0, "0.9", 0, 1, NULL, "first-moment decay, in [0, 1)"},
+    {"beta2", K3RT_OPT_FLOAT, 0, "0.95", 0, 1, NULL, "second-moment decay, in [0, 1)"},
+    {"eps", K3RT_OPT_FLOAT, 0, "1e-8", 0, 1, NULL, "added to sqrt(v_hat), > 0"},
+    {"weight_decay", K3RT_OPT_FLOAT, 0, "0.1", 0, 100, NULL,
+     "decoupled decay p *= 1 - lr*wd, applied to matrix, head_matrix, expert_matrix, router, "
+     "embedding and output_head roles (never to norm_gain, vector, conv or no-decay params)"},
+};
+
+/* 1: decayed, 0: not, -1: a role this build does not know. */
+static int role_decays(int role)
+{
+    switch (role) {
+    case K3RT_ROLE_MATRIX:
+    case K3RT_ROLE_HEAD_MATRIX:
+    case K3RT_ROLE_EXPERT_MATRIX:
+    case K3RT_ROLE_ROUTER:
+    case K3RT_ROLE_EMBEDDING:
+    case K3RT_ROLE_OUTPUT_HEAD: return 1;
+    case K3RT_ROLE_NORM_GAIN:
+    case K3RT_ROLE_VECTOR:
+    case K3RT_ROLE_CONV: return 0;
+    default: return -1;
+    }
+}
+
+static void adamw_destroy(void *self)
+{
+    adamw *o = self;
+    if (!o)
+        return;
+    for (int32_t i = 0; i < o->n; i++) {
+        k3rt_free(o->device, o->p[i].m);
+        free(o->p[i].name);
+    }
+    free(o->p);
+    free(o);
+}
+
+static size_t aligned_bytes(const adamw_param *p)
+{
+    return (p->n * k3rt_dtype_size(p->dtype) + 63) & ~(size_t)63;
+}
+
+/* Records parameter ref's layout and decay, and allocates its zeroed moments. */
+static int add_param(adamw *o, const k3rt_param_ref *ref, k3rt_stream *s, adamw_param *p,
+                     k3rt_error *err)
+{
+    const char *name = ref->name ? ref->name : (ref->decl ? ref->decl->name : NULL);
+    if (!name || !ref->decl)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "adamw: parameter %d has no name or "
+                         "declaration", ref->index);
+    size_t len = strlen(name) + 1;
+    p->name = malloc(len);
+    if (!p->name)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "adamw: out of memory");
+    memcpy(p->name, name, len);
+    if (ref->param.dtype != K3RT_F32 && ref->param.dtype != K3RT_F64)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "adamw: parameter %s is %s; master weights "
+                         "must be f32 (or f64 in tests)", name, k3rt_dtype_name(ref->param.dtype));
+    int decays = role_decays(ref->decl->role);
+    if (decays < 0)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "adamw: parameter %s has unknown role %d", name,
+                         ref->decl->role);
+    p->decayed = decays && !(ref->decl->flags & K3RT_PARAM_NO_DECAY);
+    p->dtype = ref->param.dtype;
+    p->n = k3rt_tensor_numel(&ref->param);
+    size_t half = aligned_bytes(p);
+    p->m = k3rt_alloc(o->device, 2 * half, err);
+    if (!p->m)
+        return k3rt_error_prefix(err, "adamw: moments of %s: ", name);
+    p->v = (char *)p->m + half;
+    return k3rt_memset(s, p->m, o->device, 0, 2 * half, err);
+}
+
+static int adamw_create(const k3rt_create_args *a, void **self, k3rt_error *err)
+{
+    if (a->device != K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "adamw has no CUDA path yet; run on the CPU");
+    double b1 = k3rt_cfg_float(a->config, "beta1"), b2 = k3rt_cfg_float(a->config, "beta2");
+    double eps = k3rt_cfg_float(a->config, "eps");
+    if (b1 >= 1 || b2 >= 1)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "adamw: key '%s' must be < 1 (the bias "
+                         "correction divides by 1 - beta^step), got %g",
+                         b1 >= 1 ? "beta1" : "beta2", b1 >= 1 ? b1 : b2);
+    if (!(eps > 0))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "adamw: key 'eps' must be > 0, got %g", eps);
+    if (a->n_params < 0 || (a->n_params > 0 && !a->params))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "adamw: %d parameters given without a list",
+                         a->n_params);
+    adamw *o = calloc(1, sizeof *o);
+    if (!o)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "adamw: out of memory");
+    o->device = a->device;
+    o->beta1 = b1;
+    o->beta2 = b2;
+    o->eps = eps;
+    o->weight_decay = k3rt_cfg_float(a->config, "weight_decay");
+    o->p = calloc((size_t)a->n_params + 1, sizeof *o->p);
+    if (!o->p) {
+        free(o);
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "adamw: out of memory");
+    }
+    for (int32_t i = 0; i < a->n_params; i++) {
+        o->n = i + 1;  /* so destroy frees what this iteration allocated */
+        int rc = add_param(o, &a->params[i], a->stream, &o->p[i], err);
+        if (rc) {
+            adamw_destroy(o);
+            return rc;
+        }
+    }
+    o->n = a->n_params;
+    *self = o;
+    return K3RT_OK;
+}
+
+static int adamw_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
+{
+    (void)batch, (void)seq;
+    const adamw *o = self;
+    out->saved_bytes = 0;
+    out->workspace_bytes = 0;
+    out->state_bytes = 0;
+    for (int32_t i = 0; i < o->n; i++)
+        out->state_bytes += 2 * o->p[i].n * (int64_t)k3rt_dtype_size(o->p[i].dtype);
+    return K3RT_OK;
+}
+
+/* The live moments "<param>.m" / "<param>.v" and the step counter "step" [1] i64 (host). */
+static int adamw_state(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
+{
+    adamw *o = self;
+    char name[256];
+    for (int32_t i = 0; i < o->n; i++) {
+        const adamw_param *p = &o->p[i];
+        k3rt_tensor m = k3rt_tensor_view(p->m, p->dtype, o->device, 1, p->n, 0, 0, 0);
+        k3rt_tensor v = k3rt_tensor_view(p->v, p->dtype, o->device, 1, p->n, 0, 0, 0);
+        snprintf(name, sizeof name, "%s.m", p->name);
+        K3RT_TRY(k3rt_tensor_sink_add(sink, name, m, K3RT_STAT_LOCAL, err));
+        snprintf(name, sizeof name, "%s.v", p->name);
+        K3RT_TRY(k3rt_tensor_sink_add(sink, name, v, K3RT_STAT_LOCAL, err));
+    }
+    k3rt_tensor step = k3rt_tensor_view(&o->step, K3RT_I64, K3RT_DEVICE_CPU, 1, 1, 0, 0, 0);
+    return k3rt_tensor_sink_add(sink, "step", step, K3RT_STAT_LOCAL, err);
+}
+
+static int adamw_state_loaded(void *self, k3rt_error *err)
+{
+    const adamw *o = self;
+    if (o->step < 0)
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "adamw: loaded step counter is %lld (expected "
+                         ">= 0)", (long long)o->step);
+    return K3RT_OK;
+}
+
+static const k3rt_instance_vtable instance = {
+    .struct_size = sizeof(k3rt_instance_vtable),
+    .create = adamw_create,
+    .destroy = adamw_destroy,
+    .memory = adamw_memory,
+    .state = adamw_state,
+    .state_loaded = adamw_state_loaded,
+};
+
+static const k3rt_optimizer_vtable optimizer = {
+    .struct_size = sizeof(k3rt_optimizer_vtable),
+    .step = adamw_step,
+    .describe = adamw_describe,
+};
+
+static const k3rt_plugin_descriptor descriptor = {
+    .struct_size = sizeof(k3rt_plugin_descriptor),
+    .abi_major = K3RT_ABI_MAJOR,
+    .abi_minor = K3RT_ABI_MINOR,
+    .name = "adamw",
+    .kind = K3RT_KIND_OPTIMIZER,
+    .version = "1.0.0",
+    .description = "AdamW with decoupled weight decay chosen by parameter role",
+    .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+    .options = options,
+    .n_options = sizeof options / sizeof options[0],
+    .option_size = sizeof(k3rt_option),
+    .instance = &instance,
+    .vtable = &optimizer,
+};
+
+K3RT_PLUGIN_EXPORT(descriptor)
