@@ -40,6 +40,8 @@ static int out_add(out_list *o, const char *name, k3rt_tensor t, int copy, k3rt_
         if (!e || !n || !w)
             return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
         o->cap = cap;
+        for (int i = 0; i < o->n; i++)  /* the names moved with their array */
+            o->e[i].name = o->names[i];
     }
     void *data = t.data;
     o->owned[o->n] = NULL;
@@ -137,6 +139,20 @@ typedef struct op_job {
     k3rt_memory bytes;
 } op_job;
 
+/* Name of parameter i in the files. A residual declares one relative name per layer, so its
+ * parameters take the model's names ("layers.{i}.residual.<name>", "residual.<name>"), which
+ * are unique and match checkpoints. */
+static void param_name(const op_job *j, int i, char *buf, size_t len)
+{
+    const k3rt_param_decl *d = module_param(&j->m, i);
+    if (j->kind != K3RT_KIND_RESIDUAL)
+        snprintf(buf, len, "%s", d->name);
+    else if (d->layer >= 0)
+        snprintf(buf, len, "layers.%d.residual.%s", d->layer, d->name);
+    else
+        snprintf(buf, len, "residual.%s", d->name);
+}
+
 static int setup_params(op_job *j, k3rt_error *err)
 {
     int n = module_n_params(&j->m);
@@ -150,10 +166,12 @@ static int setup_params(op_job *j, k3rt_error *err)
             !arena_tensor(&j->mem, &j->grads[i], j->dtype, d->ndim, d->shape))
             return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
         int found;
-        K3RT_TRY(take_input(j->in, j->file, d->name, &j->params[i], &found, err));
+        char name[192];
+        param_name(j, i, name, sizeof name);
+        K3RT_TRY(take_input(j->in, j->file, name, &j->params[i], &found, err));
         if (!found)
-            K3RT_TRY(module_init_param(&j->m, i, j->params[i], j->seed, d->name, err));
-        K3RT_TRY(out_add(&j->out, d->name, j->params[i], 0, err));
+            K3RT_TRY(module_init_param(&j->m, i, j->params[i], j->seed, name, err));
+        K3RT_TRY(out_add(&j->out, name, j->params[i], 0, err));
     }
     K3RT_TRY(module_memory(&j->m, j->B, j->T, &j->bytes, err));
     j->saved = calloc(1, (size_t)j->bytes.saved_bytes + 64);
@@ -166,8 +184,9 @@ static int setup_params(op_job *j, k3rt_error *err)
 static int add_grads(op_job *j, k3rt_error *err)
 {
     for (int i = 0; i < module_n_params(&j->m); i++) {
-        char name[192];
-        snprintf(name, sizeof name, "grad.%s", module_param(&j->m, i)->name);
+        char name[192], pname[180];
+        param_name(j, i, pname, sizeof pname);
+        snprintf(name, sizeof name, "grad.%s", pname);
         K3RT_TRY(out_add(&j->out, name, j->grads[i], 0, err));
     }
     return K3RT_OK;

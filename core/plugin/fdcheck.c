@@ -20,6 +20,7 @@ void fd_options_defaults(fd_options *o)
     if (!o->jitter) o->jitter = 0.1;
     if (!o->x_scale) o->x_scale = 1.0;
     if (!o->threads) o->threads = 1;
+    if (!o->stencil) o->stencil = 2;
 }
 
 /* One tensor whose entries are perturbed, with the analytic gradient to compare to. */
@@ -58,16 +59,23 @@ static int check_targets(const fd_target *t, int nt, fd_loss_fn loss, void *ctx,
         int64_t m = t[k].n < o->samples ? t[k].n : o->samples;
         for (int64_t s = 0; s < m; s++) {
             int64_t i = t[k].n <= o->samples ? s : (int64_t)(k3rt_rng_u64(&rng) % (uint64_t)t[k].n);
-            double keep = t[k].value[i], lp, lm;
-            t[k].value[i] = keep + o->eps;
-            int rc = loss(ctx, &lp, err);
-            t[k].value[i] = keep - o->eps;
-            if (!rc)
-                rc = loss(ctx, &lm, err);
+            /* (f(+h) - f(-h)) / 2h, or (8 (f(+h) - f(-h)) - (f(+2h) - f(-2h))) / 12h */
+            static const double step[2] = {1, 2}, weight[2][2] = {{0.5, 0}, {8.0 / 12, -1.0 / 12}};
+            double keep = t[k].value[i], num = 0;
+            int rc = K3RT_OK;
+            for (int j = 0; j < (o->stencil == 4 ? 2 : 1) && !rc; j++) {
+                double lp, lm;
+                t[k].value[i] = keep + step[j] * o->eps;
+                rc = loss(ctx, &lp, err);
+                t[k].value[i] = keep - step[j] * o->eps;
+                if (!rc)
+                    rc = loss(ctx, &lm, err);
+                num += weight[o->stencil == 4][j] * (lp - lm) / o->eps;
+            }
             t[k].value[i] = keep;
             if (rc)
                 return rc;
-            double num = (lp - lm) / (2 * o->eps), a = t[k].grad[i];
+            double a = t[k].grad[i];
             double scale = fmax(fmax(fabs(a), fabs(num)), floor);
             note(r, fabs(a - num) / scale, t[k].name, i, a, num);
         }
@@ -145,7 +153,11 @@ static void zero_grads(fd_params *p)
 static int add_param_targets(module *m, fd_params *p, fd_target *t, int at)
 {
     for (int i = 0; i < p->n; i++, at++) {
-        snprintf(t[at].name, sizeof t[at].name, "grad.%s", module_param(m, i)->name);
+        const k3rt_param_decl *d = module_param(m, i);
+        if (m->e->desc.kind == K3RT_KIND_RESIDUAL && d->layer >= 0)
+            snprintf(t[at].name, sizeof t[at].name, "grad.layers.%d.%s", d->layer, d->name);
+        else
+            snprintf(t[at].name, sizeof t[at].name, "grad.%s", d->name);
         t[at].value = p->params[i].data;
         t[at].grad = p->grads[i].data;
         t[at].n = k3rt_tensor_numel(&p->params[i]);
@@ -441,6 +453,8 @@ static int residual_backward(residual_ctx *c, k3rt_error *err)
             c->dxs[i] = c->dys[i] * (1 - th * th) * g[i % c->d];
         }
         a = residual_args(c, s, c->dxs, 1);
+        a.sublayer_input = k3rt_tensor_view((double *)xs, K3RT_F64, K3RT_DEVICE_CPU, 3, c->B,
+                                            c->T, c->d, 0);
         K3RT_TRY(module_fail(&c->m, v->mix_backward(c->m.self, &a, err), err));
     }
     a = residual_args(c, 0, c->dx0, 1);

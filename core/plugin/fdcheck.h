@@ -22,6 +22,8 @@ typedef struct fd_options {
                             zero-initialised ones are exercised too (default 0.1) */
     double x_scale;      /* std of the random input (default 1) */
     int threads;         /* CPU threads (default 1) */
+    int stencil;         /* 2 (default): central difference, error O(eps^2); 4: the five-point
+                            stencil, O(eps^4), for gradient entries too small for 2 to resolve */
 } fd_options;
 
 typedef struct fd_result {

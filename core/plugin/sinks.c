@@ -31,8 +31,9 @@ int k3rt_param_sink_add(k3rt_param_sink *sink, const k3rt_param_decl *decl, k3rt
         return k3rt_fail(err, K3RT_ERR_INVALID,
                          "parameter %s: an expert matrix is [experts, out, in] with experts "
                          "equal to the first dimension", decl->name);
+    /* A residual declares one relative name per layer (decl->layer tells them apart). */
     for (int i = 0; i < sink->n; i++)
-        if (!strcmp(sink->items[i].name, decl->name))
+        if (!strcmp(sink->items[i].name, decl->name) && sink->items[i].decl.layer == decl->layer)
             return k3rt_fail(err, K3RT_ERR_INVALID, "parameter %s declared twice", decl->name);
     if (sink->n == sink->cap) {
         int cap = sink->cap ? sink->cap * 2 : 16;

@@ -90,5 +90,8 @@ json_t *moe_metrics(rank_ctx *c, double *worst_maxvio);
 /* train_sample.c */
 int sample_text(model *m, int64_t seq_len, const json_t *sample_cfg, char **out,
                 k3rt_error *err);
+/* Fraction of the whitespace-separated words of text that occur in corpus[0..n). */
+int sample_word_coverage(const char *corpus, int64_t n, const char *text, double *fraction,
+                         int64_t *words, k3rt_error *err);
 
 #endif

@@ -134,7 +134,8 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
     return module_fail(&c->opt, c->opt.e->vt.optimizer.step(c->opt.self, &a, err), err);
 }
 
-/* Broadcasts rank 0's change (or none) and applies it on every rank. */
+/* Broadcasts rank 0's change (or none) and applies it on every rank; `step` is the first step
+ * that runs with it. */
 static int exchange_change(rank_ctx *c, int64_t step, json_t *change, const char *source,
                            k3rt_error *err)
 {
@@ -165,18 +166,17 @@ static int exchange_change(rank_ctx *c, int64_t step, json_t *change, const char
         r->balancer = json_incref(bal);
         pthread_mutex_unlock(&r->lock);
         const char *name = json_string_value(json_object_get(bal, "plugin"));
-        log_info("step %lld: balancer changed to %s (%s)", (long long)step, name ? name : "?",
-                 source);
+        log_info("balancer changed to %s from step %lld (%s)", name ? name : "?",
+                 (long long)step, source);
     }
     json_decref(ch);
     return rc;
 }
 
-/* Changes scheduled by the recipe (train.changes) and returned by on_step, after a step. */
-static int mid_run_changes(rank_ctx *c, int64_t step, json_t *metrics, k3rt_error *err)
+/* Changes the recipe schedules (train.changes) take effect at the start of their step. */
+static int scheduled_changes(rank_ctx *c, int64_t step, k3rt_error *err)
 {
-    run *r = c->r;
-    const json_t *sched = json_object_get(json_object_get(r->doc, "train"), "changes");
+    const json_t *sched = json_object_get(json_object_get(c->r->doc, "train"), "changes");
     size_t i;
     json_t *ch;
     json_array_foreach(sched, i, ch) {
@@ -187,6 +187,13 @@ static int mid_run_changes(rank_ctx *c, int64_t step, json_t *metrics, k3rt_erro
         json_decref(only);
         K3RT_TRY(rc);
     }
+    return K3RT_OK;
+}
+
+/* on_step(step, metrics) runs after a step; what it returns takes effect from the next. */
+static int hook_changes(rank_ctx *c, int64_t step, json_t *metrics, k3rt_error *err)
+{
+    run *r = c->r;
     if (!json_is_true(json_object_get(r->doc, "has_on_step")))
         return K3RT_OK;
     json_t *change = NULL;
@@ -197,7 +204,7 @@ static int mid_run_changes(rank_ctx *c, int64_t step, json_t *metrics, k3rt_erro
         K3RT_TRY(k3rt_broadcast(c->comm, c->stream, &ok, 1, K3RT_I64, 0, err));
     if (!ok)
         return rc ? rc : k3rt_fail(err, K3RT_ERR_INVALID, "on_step failed on rank 0");
-    rc = exchange_change(c, step, change, "on_step", err);
+    rc = exchange_change(c, step + 1, change, "on_step", err);
     json_decref(change);
     return rc;
 }
@@ -267,7 +274,9 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
     c->interval_t0 = time_now();
     for (int64_t step = r->start_step + 1; step <= r->steps && !rc; step++) {
         step_out o;
-        rc = train_step(c, step, in, tg, &o, err);
+        rc = scheduled_changes(c, step, err);
+        if (!rc)
+            rc = train_step(c, step, in, tg, &o, err);
         if (rc)
             break;
         json_t *rec = step_record(c, step, &o);
@@ -284,10 +293,11 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
         rc = maybe_eval(c, step, rec, err);
         if (!rc && (step % r->log_interval == 0 || step == r->steps || json_object_get(rec, "val_loss")))
             rc = report_metrics(c, rec, err);
+        /* A hook's change must be in the checkpoint of this step, which resumes at the next. */
+        if (!rc && step < r->steps)
+            rc = hook_changes(c, step, rec, err);
         if (!rc)
             rc = maybe_checkpoint(c, step, err);
-        if (!rc)
-            rc = mid_run_changes(c, step, rec, err);
         json_decref(rec);
         r->result.steps_done = step;
         if (step == r->opt.stop_after)
@@ -295,6 +305,25 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
     }
     free(in);
     free(tg);
+    return rc;
+}
+
+/* With the byte tokenizer the corpus is the bytes of both splits. */
+static int report_coverage(run *r, const char *text, k3rt_error *err)
+{
+    int64_t n = r->train.n + r->val.n;
+    char *corpus = malloc((size_t)n + 1);
+    if (!corpus)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < n; i++)
+        corpus[i] = (char)(i < r->train.n ? r->train.tokens[i] : r->val.tokens[i - r->train.n]);
+    double frac;
+    int64_t words;
+    int rc = sample_word_coverage(corpus, n, text, &frac, &words, err);
+    free(corpus);
+    if (!rc)
+        log_info("sample: %.1f%% of its %lld words occur in the training corpus", 100 * frac,
+                 (long long)words);
     return rc;
 }
 
@@ -311,8 +340,10 @@ static int finish(rank_ctx *c, k3rt_error *err)
     K3RT_TRY(plot_write_svg(&r->history, title, path, err));
     if (!r->opt.quiet)
         log_info("wrote %s", path);
-    if (r->opt.no_sample)
-        return K3RT_OK;
+    const char *tok = json_string_value(json_object_get(json_object_get(r->doc, "data"),
+                                                        "tokenizer"));
+    if (r->opt.no_sample || (tok && strcmp(tok, "bytes")))
+        return K3RT_OK;  /* text samples need the byte tokenizer */
     char *text = NULL;
     K3RT_TRY(sample_text(&c->m, r->T, json_object_get(r->doc, "sample"), &text, err));
     fs_join(path, sizeof path, r->out, "sample.txt");
@@ -320,6 +351,8 @@ static int finish(rank_ctx *c, k3rt_error *err)
     if (!rc && !r->opt.quiet)
         log_info("--- sample (%zu bytes, also in %s) ---\n%s\n--- end of sample ---",
                  strlen(text), path, text);
+    if (!rc && !r->opt.quiet && r->train.n)
+        rc = report_coverage(r, text, err);
     free(text);
     return rc;
 }

@@ -98,3 +98,80 @@ int sample_text(model *m, int64_t seq_len, const json_t *cfg, char **out, k3rt_e
     *out = text;
     return K3RT_OK;
 }
+
+/* ---- how much of a sample is made of real words ------------------------------------------- */
+
+typedef struct word_set {
+    const char **word;   /* pointers into the corpus */
+    uint32_t *len;
+    uint64_t cap;
+} word_set;
+
+static uint64_t word_hash(const char *w, uint32_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint32_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)w[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+/* Finds (insert = 0) or adds (insert = 1) a word; returns whether it was present. */
+static int word_set_probe(word_set *s, const char *w, uint32_t n, int insert)
+{
+    for (uint64_t i = word_hash(w, n) & (s->cap - 1);; i = (i + 1) & (s->cap - 1)) {
+        if (!s->word[i]) {
+            if (insert) {
+                s->word[i] = w;
+                s->len[i] = n;
+            }
+            return 0;
+        }
+        if (s->len[i] == n && !memcmp(s->word[i], w, n))
+            return 1;
+    }
+}
+
+int sample_word_coverage(const char *corpus, int64_t n, const char *text, double *fraction,
+                         int64_t *words, k3rt_error *err)
+{
+    word_set s = {0};
+    s.cap = 1;
+    while (s.cap < (uint64_t)n / 2 + 1024)  /* far more slots than distinct words */
+        s.cap <<= 1;
+    s.word = calloc(s.cap, sizeof *s.word);
+    s.len = calloc(s.cap, sizeof *s.len);
+    if (!s.word || !s.len) {
+        free(s.word), free(s.len);
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    }
+    for (int64_t i = 0; i < n;) {
+        while (i < n && is_space(corpus[i]))
+            i++;
+        int64_t j = i;
+        while (j < n && !is_space(corpus[j]))
+            j++;
+        if (j > i)
+            word_set_probe(&s, corpus + i, (uint32_t)(j - i), 1);
+        i = j;
+    }
+    int64_t total = 0, found = 0, m = (int64_t)strlen(text);
+    for (int64_t i = 0; i < m;) {
+        while (i < m && is_space(text[i]))
+            i++;
+        int64_t j = i;
+        while (j < m && !is_space(text[j]))
+            j++;
+        if (j > i) {
+            total++;
+            found += word_set_probe(&s, text + i, (uint32_t)(j - i), 0);
+        }
+        i = j;
+    }
+    free(s.word);
+    free(s.len);
+    *words = total;
+    *fraction = total ? (double)found / (double)total : 0.0;
+    return K3RT_OK;
+}

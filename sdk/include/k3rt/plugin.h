@@ -311,7 +311,11 @@ typedef struct k3rt_balancer_vtable {
  *             -> sublayer and norm backward -> mix_backward(s, t = d input) ;
  *             begin_backward(t = d embedding, overwritten)
  * op_forward / op_backward evaluate one mixing operation in isolation (`k3rt op`): the input of
- * sublayer s from explicit sources and the current partial sum. */
+ * sublayer s from explicit sources and the current partial sum.
+ * mix_backward also receives `sublayer_input`, what mix(s) wrote in the forward (the engine
+ * keeps it for the pre-norm's backward): a residual whose mixing is not linear in its sources
+ * recovers what it read from it instead of keeping a copy per sublayer. A plugin reads the
+ * field only when a->struct_size covers it. */
 typedef struct k3rt_residual_args {
     uint32_t struct_size;
     k3rt_stream *stream;
@@ -336,6 +340,8 @@ typedef struct k3rt_residual_args {
     int32_t reserved2_;
     k3rt_tensor partial;          /* [B, T, d]; ndim 0 when the op has no partial sum */
     k3rt_tensor d_partial;
+    /* mix_backward: the forward's mix(s) output [B, T, d]; ndim 0 when not given */
+    k3rt_tensor sublayer_input;
 } k3rt_residual_args;
 
 typedef struct k3rt_residual_vtable {

@@ -1,0 +1,214 @@
+/* The KDA layer (spec §2.1), forward and backward side by side. x [B, T, d], N = B*T tokens,
+ * Dk = H*dk, Dv = HV*dv, Dg = HV*dk.
+ *
+ *   qp, kp, vp = x Wq^T, x Wk^T, x Wv^T                      [N, Dk | Dk | Dv]
+ *   qc, kc, vc = causal depthwise conv (width W) of each       (halo rows: kda_io.x_halo)
+ *   qn, kn     = per-head L2 norm of silu(qc), silu(kc);  v = silu(vc)
+ *   z          = (x Wfa^T) Wfb^T + dt_bias  (or x Wf^T + dt_bias)                 [N, Dg]
+ *   g          = lb sigmoid(e^A_log z)  (or -e^A_log softplus(z))
+ *   beta       = sigmoid(x Wb^T)                                                  [N, HV]
+ *   o, S_T     = recurrence(qn, kn, v, g, beta; S_0)                              [N, Dv]
+ *   on         = RMSNorm_dv(o) * w_norm  (one gain for every head)
+ *   G          = x Wg^T  (or (x Wga^T) Wgb^T);   yg = on ⊙ sigmoid(G)
+ *   y          = yg Wo^T
+ *
+ * Saved (kda_layout): every intermediate above except on, which the backward recomputes, and
+ * the recurrence's state at every chunk start. */
+
+/* Linear layer helpers on the layer's dtype. */
+static int SUF(lin)(k3rt_stream *s, const REAL *x, const void *w, REAL *y, int64_t n,
+                    int64_t in, int64_t out, k3rt_error *err)
+{
+    return k3rt_linear_fwd(s, KDA_DTYPE, x, w, NULL, y, n, in, out, err);
+}
+
+static int SUF(lin_bwd)(k3rt_stream *s, const REAL *x, const void *w, const REAL *dy, REAL *dx,
+                        void *dw, int64_t n, int64_t in, int64_t out, int acc, k3rt_error *err)
+{
+    return k3rt_linear_bwd(s, KDA_DTYPE, x, w, dy, dx, dw, NULL, n, in, out, acc, err);
+}
+
+static kda_dims SUF(dims_of)(const kda *m, int64_t B, int64_t T)
+{
+    kda_dims d = {B, T, m->H, m->HV, m->dk, m->dv, m->C, 1.0 / sqrt((double)m->dk)};
+    return d;
+}
+
+/* Projections of the conv halo rows: [B*(W-1), Dk | Dk | Dv] at ws + l->halo. */
+static int SUF(halo_proj)(const kda *m, k3rt_stream *s, const kda_io *io, const kda_layout *l,
+                          REAL *ws, const REAL **hq, const REAL **hk, const REAL **hv,
+                          k3rt_error *err)
+{
+    *hq = *hk = *hv = NULL;
+    if (!io->x_halo || m->W < 2)
+        return K3RT_OK;
+    int64_t nh = io->B * (m->W - 1), Dk = m->H * m->dk, Dv = m->HV * m->dv;
+    REAL *h = ws + l->halo;
+    const REAL *xh = io->x_halo;
+    K3RT_TRY(SUF(lin)(s, xh, io->params[KDA_Q], h, nh, m->d, Dk, err));
+    K3RT_TRY(SUF(lin)(s, xh, io->params[KDA_K], h + nh * Dk, nh, m->d, Dk, err));
+    K3RT_TRY(SUF(lin)(s, xh, io->params[KDA_V], h + 2 * nh * Dk, nh, m->d, Dv, err));
+    *hq = h, *hk = h + nh * Dk, *hv = h + 2 * nh * Dk;
+    return K3RT_OK;
+}
+
+/* Everything before the recurrence: fills qp .. beta of the saved buffer. */
+static int SUF(layer_prep)(const kda *m, k3rt_stream *s, const kda_io *io, const kda_layout *l,
+                           k3rt_error *err)
+{
+    int64_t B = io->B, T = io->T, N = B * T, d = m->d, H = m->H, HV = m->HV;
+    int64_t Dk = H * m->dk, Dv = HV * m->dv, Dg = HV * m->dk;
+    REAL *sv = io->saved, *ws = io->ws;
+    const REAL *x = io->x;
+    const void *const *P = io->params;
+    K3RT_TRY(SUF(lin)(s, x, P[KDA_Q], sv + l->qp, N, d, Dk, err));
+    K3RT_TRY(SUF(lin)(s, x, P[KDA_K], sv + l->kp, N, d, Dk, err));
+    K3RT_TRY(SUF(lin)(s, x, P[KDA_V], sv + l->vp, N, d, Dv, err));
+    const REAL *hq, *hk, *hv;
+    K3RT_TRY(SUF(halo_proj)(m, s, io, l, ws, &hq, &hk, &hv, err));
+    SUF(conv_fwd)(s, B, T, Dk, m->W, sv + l->qp, hq, P[KDA_QCONV], sv + l->qc);
+    SUF(conv_fwd)(s, B, T, Dk, m->W, sv + l->kp, hk, P[KDA_KCONV], sv + l->kc);
+    SUF(conv_fwd)(s, B, T, Dv, m->W, sv + l->vp, hv, P[KDA_VCONV], sv + l->vc);
+    SUF(l2_job) lq = {H, m->dk, sv + l->qc, NULL, NULL, sv + l->qn, sv + l->rq, NULL};
+    SUF(l2_job) lk = {H, m->dk, sv + l->kc, NULL, NULL, sv + l->kn, sv + l->rk, NULL};
+    SUF(par)(s, N, SUF(l2_fwd_rows), &lq);
+    SUF(par)(s, N, SUF(l2_fwd_rows), &lk);
+    K3RT_TRY(k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SILU, sv + l->vc, sv + l->v, N * Dv, err));
+    if (m->rf) {
+        K3RT_TRY(SUF(lin)(s, x, P[KDA_FA], sv + l->fa, N, d, m->rf, err));
+        K3RT_TRY(SUF(lin)(s, sv + l->fa, P[KDA_FB], sv + l->z, N, m->rf, Dg, err));
+    } else {
+        K3RT_TRY(SUF(lin)(s, x, P[KDA_F], sv + l->z, N, d, Dg, err));
+    }
+    SUF(gate_job) gj = {m, N, P[KDA_ALOG], P[KDA_DTB], NULL, sv + l->z, sv + l->g, NULL, NULL,
+                        NULL};
+    SUF(par)(s, N, SUF(gate_fwd_rows), &gj);
+    K3RT_TRY(SUF(lin)(s, x, P[KDA_B], sv + l->beta, N, d, HV, err));
+    return k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SIGMOID, sv + l->beta, sv + l->beta, N * HV, err);
+}
+
+int SUF(kda_layer_fwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_error *err)
+{
+    int64_t B = io->B, T = io->T, N = B * T, d = m->d, HV = m->HV, Dv = HV * m->dv;
+    kda_layout l;
+    kda_layout_make(m, B, T, m->slots, &l);
+    REAL *sv = io->saved, *ws = io->ws;
+    const REAL *x = io->x;
+    const void *const *P = io->params;
+    K3RT_TRY(SUF(layer_prep)(m, s, io, &l, err));
+    kda_dims cd = SUF(dims_of)(m, B, T);
+    K3RT_TRY(SUF(kda_core_fwd)(s, m->algorithm, &cd, sv + l.qn, sv + l.kn, sv + l.v, sv + l.g,
+                               sv + l.beta, io->s_in, sv + l.o, sv + l.states, io->s_out,
+                               ws + l.core, l.core_n, err));
+    K3RT_TRY(k3rt_rmsnorm_fwd(s, KDA_DTYPE, sv + l.o, P[KDA_NORM], ws + l.on, sv + l.rstd,
+                              N * HV, m->dv, m->norm_eps, err));
+    if (m->rg) {
+        K3RT_TRY(SUF(lin)(s, x, P[KDA_GA], sv + l.ga, N, d, m->rg, err));
+        K3RT_TRY(SUF(lin)(s, sv + l.ga, P[KDA_GB], sv + l.G, N, m->rg, Dv, err));
+    } else {
+        K3RT_TRY(SUF(lin)(s, x, P[KDA_G], sv + l.G, N, d, Dv, err));
+    }
+    SUF(ogate_job) og = {Dv, ws + l.on, sv + l.G, NULL, sv + l.yg, NULL, NULL};
+    SUF(par)(s, N, SUF(ogate_fwd_rows), &og);
+    return SUF(lin)(s, sv + l.yg, P[KDA_O], io->y, N, Dv, d, err);
+}
+
+int SUF(kda_layer_summary)(const kda *m, k3rt_stream *s, const kda_io *io, REAL *sm, REAL *sb,
+                           k3rt_error *err)
+{
+    kda_layout l;
+    kda_layout_make(m, io->B, io->T, m->slots, &l);
+    REAL *sv = io->saved, *ws = io->ws;
+    K3RT_TRY(SUF(layer_prep)(m, s, io, &l, err));
+    kda_dims cd = SUF(dims_of)(m, io->B, io->T);
+    return SUF(kda_core_summary)(s, &cd, sv + l.qn, sv + l.kn, sv + l.v, sv + l.g, sv + l.beta,
+                                 sm, sb, ws + l.core, l.core_n, err);
+}
+
+/* One of q, k, v from the gradient of its conv output: conv backward (+ halo), then the
+ * projection's backward into dx (accumulated) and dx_halo (first = 1 overwrites it). */
+static int SUF(qkv_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, const kda_layout *l,
+                        const REAL *u, const REAL *halo, int wslot, int cslot, int64_t D,
+                        const REAL *dz, int first, k3rt_error *err)
+{
+    int64_t B = io->B, T = io->T, N = B * T, nh = B * (m->W - 1);
+    REAL *ws = io->ws, *dp = ws + l->dp, *dh = ws + l->dhalo;
+    int halo_grad = halo && io->dx_halo;
+    SUF(conv_bwd)(s, B, T, D, m->W, u, halo, io->params[cslot], dz, dp, halo_grad ? dh : NULL,
+                  io->grads[cslot]);
+    K3RT_TRY(SUF(lin_bwd)(s, io->x, io->params[wslot], dp, io->dx, io->grads[wslot], N, m->d, D,
+                          1, err));
+    if (halo_grad)
+        K3RT_TRY(SUF(lin_bwd)(s, io->x_halo, io->params[wslot], dh, io->dx_halo,
+                              io->grads[wslot], nh, m->d, D, !first, err));
+    return K3RT_OK;
+}
+
+int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_error *err)
+{
+    int64_t B = io->B, T = io->T, N = B * T, d = m->d, H = m->H, HV = m->HV;
+    int64_t Dk = H * m->dk, Dv = HV * m->dv, Dg = HV * m->dk;
+    kda_layout l;
+    kda_layout_make(m, B, T, m->slots, &l);
+    REAL *sv = io->saved, *ws = io->ws;
+    const REAL *x = io->x;
+    const void *const *P = io->params;
+    void *const *Gr = io->grads;
+    if (io->dx_halo && (!io->x_halo || m->W < 2))
+        memset(io->dx_halo, 0, (size_t)(B * (m->W - 1) * d) * sizeof(REAL));
+    REAL *d1 = ws + l.d1, *d2 = ws + l.d2, *d3 = ws + l.d3, *dlow = ws + l.dlow;
+    /* y = yg Wo^T */
+    K3RT_TRY(SUF(lin_bwd)(s, sv + l.yg, P[KDA_O], io->dy, d1, Gr[KDA_O], N, Dv, d, 0, err));
+    /* yg = on ⊙ sigmoid(G): d1 = dyg -> d2 = d(on), d3 = dG */
+    K3RT_TRY(k3rt_rmsnorm_fwd(s, KDA_DTYPE, sv + l.o, P[KDA_NORM], ws + l.on, NULL, N * HV,
+                              m->dv, m->norm_eps, err));
+    SUF(ogate_job) og = {Dv, ws + l.on, sv + l.G, d1, NULL, d2, d3};
+    SUF(par)(s, N, SUF(ogate_bwd_rows), &og);
+    if (m->rg) {
+        K3RT_TRY(SUF(lin_bwd)(s, sv + l.ga, P[KDA_GB], d3, dlow, Gr[KDA_GB], N, m->rg, Dv, 0,
+                              err));
+        K3RT_TRY(SUF(lin_bwd)(s, x, P[KDA_GA], dlow, io->dx, Gr[KDA_GA], N, d, m->rg, 0, err));
+    } else {
+        K3RT_TRY(SUF(lin_bwd)(s, x, P[KDA_G], d3, io->dx, Gr[KDA_G], N, d, Dv, 0, err));
+    }
+    /* on = RMSNorm(o) w_norm: d1 = do */
+    K3RT_TRY(k3rt_rmsnorm_bwd(s, KDA_DTYPE, sv + l.o, P[KDA_NORM], sv + l.rstd, d2, d1,
+                              Gr[KDA_NORM], N * HV, m->dv, 0, err));
+    /* the recurrence */
+    REAL *dq = ws + l.dq, *dk = ws + l.dk, *dv = ws + l.dvv, *dg = ws + l.dg;
+    REAL *dbeta = ws + l.dbeta;
+    kda_dims cd = SUF(dims_of)(m, B, T);
+    K3RT_TRY(SUF(kda_core_bwd)(s, m->algorithm, &cd, sv + l.qn, sv + l.kn, sv + l.v, sv + l.g,
+                               sv + l.beta, sv + l.states, d1, io->ds_out, dq, dk, dv, dg, dbeta,
+                               io->ds_in, ws + l.core, l.core_n, err));
+    /* forget gate: dg -> dz (in place), dA_log, ddt_bias; then its projections */
+    SUF(gate_job) gj = {m, N, P[KDA_ALOG], NULL, dg, sv + l.z, NULL, dg, Gr[KDA_DTB],
+                        ws + l.dac};
+    k3rt_parallel_for(s, Dg, 8, SUF(gate_bwd_channels), &gj);
+    REAL *dalog = Gr[KDA_ALOG];
+    for (int64_t c = 0; c < Dg; c++)
+        dalog[c / m->dk] += ws[l.dac + c];
+    if (m->rf) {
+        K3RT_TRY(SUF(lin_bwd)(s, sv + l.fa, P[KDA_FB], dg, dlow, Gr[KDA_FB], N, m->rf, Dg, 0,
+                              err));
+        K3RT_TRY(SUF(lin_bwd)(s, x, P[KDA_FA], dlow, io->dx, Gr[KDA_FA], N, d, m->rf, 1, err));
+    } else {
+        K3RT_TRY(SUF(lin_bwd)(s, x, P[KDA_F], dg, io->dx, Gr[KDA_F], N, d, Dg, 1, err));
+    }
+    /* beta = sigmoid(x Wb^T) */
+    const REAL *beta = sv + l.beta;
+    for (int64_t i = 0; i < N * HV; i++)
+        dbeta[i] *= beta[i] * (1 - beta[i]);
+    K3RT_TRY(SUF(lin_bwd)(s, x, P[KDA_B], dbeta, io->dx, Gr[KDA_B], N, d, HV, 1, err));
+    /* q, k: L2 norm and SiLU (in place), v: SiLU; then conv and projections */
+    SUF(l2_job) lq = {H, m->dk, sv + l.qc, sv + l.qn, sv + l.rq, NULL, NULL, dq};
+    SUF(l2_job) lk = {H, m->dk, sv + l.kc, sv + l.kn, sv + l.rk, NULL, NULL, dk};
+    SUF(par)(s, N, SUF(l2_bwd_rows), &lq);
+    SUF(par)(s, N, SUF(l2_bwd_rows), &lk);
+    K3RT_TRY(k3rt_act_bwd(s, KDA_DTYPE, K3RT_ACT_SILU, sv + l.vc, dv, d2, N * Dv, 0, err));
+    const REAL *hq, *hk, *hv;
+    K3RT_TRY(SUF(halo_proj)(m, s, io, &l, ws, &hq, &hk, &hv, err));
+    K3RT_TRY(SUF(qkv_bwd)(m, s, io, &l, sv + l.qp, hq, KDA_Q, KDA_QCONV, Dk, dq, 1, err));
+    K3RT_TRY(SUF(qkv_bwd)(m, s, io, &l, sv + l.kp, hk, KDA_K, KDA_KCONV, Dk, dk, 0, err));
+    return SUF(qkv_bwd)(m, s, io, &l, sv + l.vp, hv, KDA_V, KDA_VCONV, Dv, d2, 0, err);
+}

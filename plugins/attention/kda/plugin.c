@@ -1,0 +1,495 @@
+/* Kimi Delta Attention: descriptor, options, parameters (roles and head layout), init, FLOP and
+ * memory counts, and the argument checks in front of the CPU kernels (layer.inc.c and the
+ * recurrence in recurrent.inc.c / chunked.inc.c / summary.inc.c). Math: spec kda_mla.md §2-§6.
+ *
+ * Parameter names follow Kimi-Linear's modeling code (q_proj, q_conv1d, f_a_proj, f_b_proj,
+ * b_proj, A_log, dt_bias, g_a_proj, g_b_proj / K3's g_proj, o_norm, o_proj); conv filters are
+ * stored [channels, width] (torch: [channels, 1, width], the same bytes).
+ *
+ * Context parallelism: cp_summary gives the affine map (M, B) of a span and cp_compose chains
+ * them. The short conv also needs the W-1 layer inputs that precede a span (its halo); the
+ * vtable has no argument for them yet, so forward and cp_summary treat every span as the start
+ * of its sequence (exact with conv_width = 1 or on the first span). The internal entry points
+ * take the halo (kda_io.x_halo / dx_halo). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kda.h"
+
+static const k3rt_option kda_options[] = {
+    {"heads", K3RT_OPT_INT, 0, "4", 1, 4096, NULL, "query/key heads H"},
+    {"value_heads", K3RT_OPT_INT, K3RT_OPT_NULLABLE, "null", 1, 4096, NULL,
+     "value heads HV (GVA: a multiple of heads; gates and beta live on value heads); none "
+     "means heads"},
+    {"head_dim", K3RT_OPT_INT, 0, "64", 1, 4096, NULL,
+     "width of key and value heads unless head_dim_k / head_dim_v say otherwise"},
+    {"head_dim_k", K3RT_OPT_INT, K3RT_OPT_NULLABLE, "null", 1, 4096, NULL,
+     "key/query head width dk; none means head_dim"},
+    {"head_dim_v", K3RT_OPT_INT, K3RT_OPT_NULLABLE, "null", 1, 4096, NULL,
+     "value head width dv; none means head_dim"},
+    {"conv_width", K3RT_OPT_INT, 0, "4", 1, 64, NULL,
+     "width of the causal depthwise short conv on q, k and v"},
+    {"lower_bound", K3RT_OPT_FLOAT, K3RT_OPT_NULLABLE, "-5.0", -5, 0, NULL,
+     "safe forget gate g = lower_bound * sigmoid(e^A_log (a + dt_bias)): every step keeps at "
+     "least e^lower_bound of each state channel (K3: -5, i.e. 0.67%); none selects "
+     "Kimi-Linear's unbounded g = -e^A_log softplus(a + dt_bias)"},
+    {"forget_rank", K3RT_OPT_INT, K3RT_OPT_NULLABLE, "null", 0, 1 << 20, NULL,
+     "rank of the forget-gate projection x -> rank -> HV*dk; 0 is full rank; none means "
+     "head_dim_v (Kimi)"},
+    {"gate_rank", K3RT_OPT_INT, 0, "0", 0, 1 << 20, NULL,
+     "rank of the output-gate projection: 0 is K3's full-rank gate, > 0 Kimi-Linear's low-rank "
+     "one (head_dim_v there)"},
+    {"algorithm", K3RT_OPT_STRING, 0, "\"chunked\"", K3RT_RANGE_ANY, "chunked|recurrent",
+     "chunked: WY/UT form within chunks, matrix products (fast); recurrent: token by token "
+     "(the reference)"},
+    {"chunk_size", K3RT_OPT_INT, 0, "32", 1, 4096, NULL,
+     "tokens per chunk (the recurrent path saves its state at the same interval)"},
+    {"norm_eps", K3RT_OPT_FLOAT, 0, "1e-5", 0, 1, NULL, "epsilon of the per-head output RMSNorm"},
+    {"init_std", K3RT_OPT_FLOAT, 0, "0.02", 0, 100, NULL,
+     "std of the normal init of projections and conv filters"},
+};
+#define KDA_N_OPTIONS ((uint32_t)(sizeof kda_options / sizeof kda_options[0]))
+
+/* ---- parameters --------------------------------------------------------------------------- */
+
+static k3rt_param_decl decl_of(const kda *m, int slot)
+{
+    k3rt_param_decl p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.ndim = 2;
+    p.init = K3RT_INIT_NORMAL;
+    p.init_a = m->init_std;
+    p.role = K3RT_ROLE_HEAD_MATRIX; /* rows split by head unless said otherwise */
+    int64_t Dk = m->H * m->dk, Dv = m->HV * m->dv, Dg = m->HV * m->dk;
+    switch (slot) {
+    case KDA_Q:
+    case KDA_K:
+        p.name = slot == KDA_Q ? "q_proj.weight" : "k_proj.weight";
+        p.heads = (int32_t)m->H, p.shape[0] = Dk, p.shape[1] = m->d;
+        break;
+    case KDA_V:
+        p.name = "v_proj.weight", p.heads = (int32_t)m->HV, p.shape[0] = Dv, p.shape[1] = m->d;
+        break;
+    case KDA_QCONV:
+    case KDA_KCONV:
+    case KDA_VCONV:
+        p.name = slot == KDA_QCONV ? "q_conv1d.weight"
+                 : slot == KDA_KCONV ? "k_conv1d.weight" : "v_conv1d.weight";
+        p.role = K3RT_ROLE_CONV;
+        p.shape[0] = slot == KDA_VCONV ? Dv : Dk, p.shape[1] = m->W;
+        break;
+    case KDA_FA:
+        p.name = "f_a_proj.weight", p.role = K3RT_ROLE_MATRIX;
+        p.shape[0] = m->rf, p.shape[1] = m->d;
+        break;
+    case KDA_FB:
+        p.name = "f_b_proj.weight", p.heads = (int32_t)m->HV, p.shape[0] = Dg, p.shape[1] = m->rf;
+        break;
+    case KDA_F:
+        p.name = "f_proj.weight", p.heads = (int32_t)m->HV, p.shape[0] = Dg, p.shape[1] = m->d;
+        break;
+    case KDA_B: /* one row per value head */
+        p.name = "b_proj.weight", p.heads = (int32_t)m->HV, p.shape[0] = m->HV, p.shape[1] = m->d;
+        break;
+    case KDA_ALOG:
+    case KDA_DTB:
+        p.name = slot == KDA_ALOG ? "A_log" : "dt_bias";
+        p.role = K3RT_ROLE_VECTOR, p.ndim = 1, p.shape[0] = slot == KDA_ALOG ? m->HV : Dg;
+        p.init = K3RT_INIT_PLUGIN, p.init_a = 0, p.flags = K3RT_PARAM_NO_DECAY;
+        break;
+    case KDA_GA:
+        p.name = "g_a_proj.weight", p.role = K3RT_ROLE_MATRIX;
+        p.shape[0] = m->rg, p.shape[1] = m->d;
+        break;
+    case KDA_GB:
+        p.name = "g_b_proj.weight", p.heads = (int32_t)m->HV, p.shape[0] = Dv, p.shape[1] = m->rg;
+        break;
+    case KDA_G:
+        p.name = "g_proj.weight", p.heads = (int32_t)m->HV, p.shape[0] = Dv, p.shape[1] = m->d;
+        break;
+    case KDA_NORM:
+        p.name = "o_norm.weight", p.role = K3RT_ROLE_NORM_GAIN, p.ndim = 1, p.shape[0] = m->dv;
+        p.init = K3RT_INIT_ONES, p.init_a = 0;
+        break;
+    default: /* KDA_O: columns split by value head */
+        p.name = "o_proj.weight", p.heads = (int32_t)m->HV, p.head_axis = 1;
+        p.shape[0] = m->d, p.shape[1] = Dv;
+        break;
+    }
+    if (p.role != K3RT_ROLE_HEAD_MATRIX)
+        p.heads = 0;
+    return p;
+}
+
+static int slot_present(const kda *m, int slot)
+{
+    switch (slot) {
+    case KDA_FA:
+    case KDA_FB: return m->rf > 0;
+    case KDA_F: return m->rf == 0;
+    case KDA_GA:
+    case KDA_GB: return m->rg > 0;
+    case KDA_G: return m->rg == 0;
+    default: return 1;
+    }
+}
+
+static int kda_declare_params(void *self, k3rt_param_sink *sink, k3rt_error *err)
+{
+    const kda *m = self;
+    for (int s = 0; s < KDA_N_SLOTS; s++)
+        if (m->slot[s] >= 0) {
+            k3rt_param_decl p = decl_of(m, s);
+            K3RT_TRY(k3rt_param_sink_add(sink, &p, err));
+        }
+    return K3RT_OK;
+}
+
+/* As fla's KimiDeltaAttention: A_log = 0 under the lower bound (e^A_log = 1), log U[1, 16]
+ * without it; dt_bias = softplus^-1(dt), dt = exp(U[log 1e-3, log 1e-1]) clamped >= 1e-4. */
+static int kda_init_param(void *self, const k3rt_param_decl *decl, k3rt_tensor t, k3rt_rng *rng,
+                          k3rt_error *err)
+{
+    const kda *m = self;
+    int64_t n = k3rt_tensor_numel(&t);
+    if (t.dtype != K3RT_F32 && t.dtype != K3RT_F64)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "kda: init of %s: expected f32 or f64, got %s",
+                         decl->name, k3rt_dtype_name(t.dtype));
+    /* the host may pass the full name ("layers.3.mixer.A_log") */
+    const char *dot = strrchr(decl->name, '.'), *name = dot ? dot + 1 : decl->name;
+    int alog = !strcmp(name, "A_log");
+    if (!alog && strcmp(name, "dt_bias"))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "kda: no plugin init for parameter %s",
+                         decl->name);
+    for (int64_t i = 0; i < n; i++) {
+        double v;
+        if (alog) {
+            v = m->has_lb ? 0.0 : log(1.0 + 15.0 * k3rt_rng_uniform(rng));
+        } else {
+            double lo = log(1e-3), hi = log(1e-1);
+            double dt = exp(lo + (hi - lo) * k3rt_rng_uniform(rng));
+            dt = dt < 1e-4 ? 1e-4 : dt;
+            v = dt + log(-expm1(-dt));
+        }
+        if (t.dtype == K3RT_F32)
+            ((float *)t.data)[i] = (float)v;
+        else
+            ((double *)t.data)[i] = v;
+    }
+    return K3RT_OK;
+}
+
+/* ---- instance ----------------------------------------------------------------------------- */
+
+static int64_t cfg_int_or(const json_t *c, const char *key, int64_t dflt)
+{
+    return k3rt_cfg_is_null(c, key) ? dflt : k3rt_cfg_int(c, key);
+}
+
+static int kda_create(const k3rt_create_args *a, void **self, k3rt_error *err)
+{
+    if (a->device != K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
+                         "kda: no CUDA implementation yet (device %d requested); run on the CPU",
+                         a->device);
+    if (a->dtype != K3RT_F32 && a->dtype != K3RT_F64)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
+                         "kda: the CPU implementation computes in f32 or f64, not %s",
+                         k3rt_dtype_name(a->dtype));
+    if (a->d_model < 1)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "kda: d_model must be >= 1, got %lld",
+                         (long long)a->d_model);
+    const json_t *c = a->config;
+    kda k;
+    memset(&k, 0, sizeof k);
+    k.d = a->d_model;
+    k.H = k3rt_cfg_int(c, "heads");
+    k.HV = cfg_int_or(c, "value_heads", k.H);
+    int64_t hd = k3rt_cfg_int(c, "head_dim");
+    k.dk = cfg_int_or(c, "head_dim_k", hd);
+    k.dv = cfg_int_or(c, "head_dim_v", hd);
+    k.W = k3rt_cfg_int(c, "conv_width");
+    k.has_lb = !k3rt_cfg_is_null(c, "lower_bound");
+    k.lb = k.has_lb ? k3rt_cfg_float(c, "lower_bound") : 0;
+    k.rf = cfg_int_or(c, "forget_rank", k.dv);
+    k.rg = k3rt_cfg_int(c, "gate_rank");
+    k.algorithm = strcmp(k3rt_cfg_string(c, "algorithm"), "recurrent") ? KDA_CHUNKED
+                                                                       : KDA_RECURRENT;
+    k.C = k3rt_cfg_int(c, "chunk_size");
+    k.norm_eps = k3rt_cfg_float(c, "norm_eps");
+    k.init_std = k3rt_cfg_float(c, "init_std");
+    k.dtype = a->dtype;
+    k.slots = a->stream ? k3rt_stream_threads(a->stream) : 1;
+    if (k.HV % k.H)
+        return k3rt_fail(err, K3RT_ERR_INVALID,
+                         "kda: value_heads (%lld) must be a multiple of heads (%lld): each "
+                         "value head reads one query/key head",
+                         (long long)k.HV, (long long)k.H);
+    if (k.has_lb && !(k.lb < 0))
+        return k3rt_fail(err, K3RT_ERR_INVALID,
+                         "kda: lower_bound must be < 0 (a log retention), got %g; use none "
+                         "for the unbounded softplus gate", k.lb);
+    kda *m = malloc(sizeof *m);
+    if (!m)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "kda: out of memory");
+    *m = k;
+    for (int s = 0; s < KDA_N_SLOTS; s++)
+        m->slot[s] = slot_present(m, s) ? m->n_params++ : -1;
+    *self = m;
+    return K3RT_OK;
+}
+
+static void kda_destroy(void *self) { free(self); }
+
+/* Matrix products (multiply-add = 2): projections, convs and the recurrence (kda_core_flops);
+ * norms, gates and activations are not counted. A backward product costs twice its forward
+ * (input and weight gradients). */
+static int kda_flops(void *self, int64_t batch, int64_t seq, k3rt_flops *out)
+{
+    const kda *m = self;
+    if (batch < 0 || seq < 0)
+        return K3RT_ERR_INVALID;
+    double N = (double)batch * (double)seq, d = (double)m->d, HV = (double)m->HV;
+    double Dk = (double)(m->H * m->dk), Dv = HV * (double)m->dv, Dg = HV * (double)m->dk;
+    double rf = (double)m->rf, rg = (double)m->rg;
+    double proj = d * (2 * Dk + Dv) + (m->rf ? d * rf + rf * Dg : d * Dg) + d * HV +
+                  (m->rg ? d * rg + rg * Dv : d * Dv) + Dv * d;
+    double conv = (double)m->W * (2 * Dk + Dv);
+    kda_dims cd = {batch, seq, m->H, m->HV, m->dk, m->dv, m->C, 0};
+    double cf, cb;
+    kda_core_flops(&cd, m->algorithm, &cf, &cb);
+    out->forward = 2 * N * (proj + conv) + cf;
+    out->backward = 4 * N * (proj + conv) + cb;
+    return K3RT_OK;
+}
+
+static int kda_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
+{
+    const kda *m = self;
+    if (batch < 0 || seq < 0)
+        return K3RT_ERR_INVALID;
+    kda_layout l;
+    kda_layout_make(m, batch, seq, m->slots, &l);
+    int64_t es = (int64_t)k3rt_dtype_size(m->dtype);
+    out->saved_bytes = l.saved * es;
+    out->workspace_bytes = l.workspace * es;
+    out->state_bytes = 0;
+    return K3RT_OK;
+}
+
+/* ---- attention calls ---------------------------------------------------------------------- */
+
+static int kda_state_layout(void *self, int64_t batch, k3rt_state_layout *out, k3rt_error *err)
+{
+    const kda *m = self;
+    if (batch < 1)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "kda: state_layout: batch must be >= 1, got %lld",
+                         (long long)batch);
+    out->state = k3rt_tensor_view(NULL, m->dtype, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dv);
+    out->summary_m =
+        k3rt_tensor_view(NULL, m->dtype, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dk);
+    out->summary_b =
+        k3rt_tensor_view(NULL, m->dtype, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dv);
+    return K3RT_OK;
+}
+
+static int check_host(const kda *m, const k3rt_tensor *t, const char *what, int64_t d0,
+                      int64_t d1, int64_t d2, int64_t d3, int ndim, k3rt_error *err)
+{
+    int64_t shape[4] = {d0, d1, d2, d3};
+    K3RT_TRY(k3rt_tensor_expect(t, what, m->dtype, ndim, shape, err));
+    if (t->device != K3RT_DEVICE_CPU || !t->data)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "kda: %s must be a host tensor with data", what);
+    return K3RT_OK;
+}
+
+/* An optional [B, HV, dk, dv] state: NULL when absent, an error when malformed. */
+static int opt_state(const kda *m, const k3rt_tensor *t, const char *what, int64_t B,
+                     const void **out, k3rt_error *err)
+{
+    *out = NULL;
+    if (!k3rt_tensor_present(t))
+        return K3RT_OK;
+    K3RT_TRY(check_host(m, t, what, B, m->HV, m->dk, m->dv, 4, err));
+    *out = t->data;
+    return K3RT_OK;
+}
+
+static int check_params(const kda *m, const k3rt_tensor *p, int n, const char *what,
+                        const void **out, k3rt_error *err)
+{
+    if (n != m->n_params || !p)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "kda: expected %d %s, got %d", m->n_params,
+                         what, p ? n : 0);
+    for (int s = 0; s < KDA_N_SLOTS; s++) {
+        out[s] = NULL;
+        if (m->slot[s] < 0)
+            continue;
+        k3rt_param_decl d = decl_of(m, s);
+        const k3rt_tensor *t = &p[m->slot[s]];
+        K3RT_TRY(k3rt_tensor_expect(t, d.name, m->dtype, d.ndim, d.shape, err));
+        if (!t->data)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "kda: %s %s has no data", what, d.name);
+        out[s] = t->data;
+    }
+    return K3RT_OK;
+}
+
+static int check_call(const kda *m, k3rt_stream *s, int64_t B, int64_t T, const void *saved,
+                      int64_t saved_bytes, const void *ws, int64_t ws_bytes, k3rt_error *err)
+{
+    if (!s || k3rt_stream_device(s) != K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "kda: needs a CPU stream");
+    if (B < 1 || T < 1)
+        return k3rt_fail(err, K3RT_ERR_INVALID,
+                         "kda: batch and seq must be >= 1, got %lld x %lld", (long long)B,
+                         (long long)T);
+    k3rt_memory need;
+    memset(&need, 0, sizeof need);
+    kda_memory((void *)m, B, T, &need);
+    if (!saved || saved_bytes < need.saved_bytes)
+        return k3rt_fail(err, K3RT_ERR_INVALID,
+                         "kda: the saved buffer holds %lld bytes, memory() asks %lld for B=%lld "
+                         "T=%lld (forward needs it even when not training)",
+                         saved ? (long long)saved_bytes : 0LL, (long long)need.saved_bytes,
+                         (long long)B, (long long)T);
+    if (!ws || ws_bytes < need.workspace_bytes)
+        return k3rt_fail(err, K3RT_ERR_INVALID,
+                         "kda: the workspace holds %lld bytes, memory() asks %lld for B=%lld "
+                         "T=%lld", ws ? (long long)ws_bytes : 0LL,
+                         (long long)need.workspace_bytes, (long long)B, (long long)T);
+    return K3RT_OK;
+}
+
+/* The checks and the kda_io shared by forward and cp_summary. */
+static int fwd_io(const kda *m, const k3rt_fwd_args *a, int need_y, kda_io *io, k3rt_error *err)
+{
+    memset(io, 0, sizeof *io);
+    K3RT_TRY(check_call(m, a->stream, a->batch, a->seq, a->saved, a->saved_bytes, a->workspace,
+                        a->workspace_bytes, err));
+    K3RT_TRY(check_host(m, &a->x, "x", a->batch, a->seq, m->d, 0, 3, err));
+    if (need_y)
+        K3RT_TRY(check_host(m, &a->y, "y", a->batch, a->seq, m->d, 0, 3, err));
+    K3RT_TRY(check_params(m, a->params, a->n_params, "parameters", io->params, err));
+    io->B = a->batch, io->T = a->seq;
+    io->x = a->x.data, io->y = need_y ? a->y.data : NULL;
+    io->saved = a->saved, io->ws = a->workspace;
+    return K3RT_OK;
+}
+
+static int kda_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
+{
+    const kda *m = self;
+    kda_io io;
+    K3RT_TRY(fwd_io(m, a, 1, &io, err));
+    K3RT_TRY(opt_state(m, &a->state_in, "state_in", a->batch, &io.s_in, err));
+    const void *s_out;
+    K3RT_TRY(opt_state(m, &a->state_out, "state_out", a->batch, &s_out, err));
+    io.s_out = (void *)s_out;
+    return m->dtype == K3RT_F32 ? kda_layer_fwd_f32(m, a->stream, &io, err)
+                                : kda_layer_fwd_f64(m, a->stream, &io, err);
+}
+
+static int kda_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
+{
+    const kda *m = self;
+    kda_io io;
+    memset(&io, 0, sizeof io);
+    K3RT_TRY(check_call(m, a->stream, a->batch, a->seq, a->saved, a->saved_bytes, a->workspace,
+                        a->workspace_bytes, err));
+    K3RT_TRY(check_host(m, &a->x, "x", a->batch, a->seq, m->d, 0, 3, err));
+    K3RT_TRY(check_host(m, &a->dy, "dy", a->batch, a->seq, m->d, 0, 3, err));
+    K3RT_TRY(check_host(m, &a->dx, "dx", a->batch, a->seq, m->d, 0, 3, err));
+    K3RT_TRY(check_params(m, a->params, a->n_params, "parameters", io.params, err));
+    const void *g[KDA_N_SLOTS];
+    K3RT_TRY(check_params(m, a->grads, a->n_params, "gradients", g, err));
+    for (int s = 0; s < KDA_N_SLOTS; s++)
+        io.grads[s] = (void *)g[s];
+    const void *ds_in;
+    K3RT_TRY(opt_state(m, &a->d_state_out, "d_state_out", a->batch, &io.ds_out, err));
+    K3RT_TRY(opt_state(m, &a->d_state_in, "d_state_in", a->batch, &ds_in, err));
+    io.ds_in = (void *)ds_in;
+    io.B = a->batch, io.T = a->seq;
+    io.x = a->x.data, io.dy = a->dy.data, io.dx = a->dx.data;
+    io.saved = a->saved, io.ws = a->workspace;
+    return m->dtype == K3RT_F32 ? kda_layer_bwd_f32(m, a->stream, &io, err)
+                                : kda_layer_bwd_f64(m, a->stream, &io, err);
+}
+
+static int kda_cp_summary(void *self, const k3rt_fwd_args *a, k3rt_tensor sm, k3rt_tensor sb,
+                          k3rt_error *err)
+{
+    const kda *m = self;
+    kda_io io;
+    K3RT_TRY(fwd_io(m, a, 0, &io, err));
+    K3RT_TRY(check_host(m, &sm, "summary m", a->batch, m->HV, m->dk, m->dk, 4, err));
+    K3RT_TRY(check_host(m, &sb, "summary b", a->batch, m->HV, m->dk, m->dv, 4, err));
+    return m->dtype == K3RT_F32 ? kda_layer_summary_f32(m, a->stream, &io, sm.data, sb.data, err)
+                                : kda_layer_summary_f64(m, a->stream, &io, sm.data, sb.data, err);
+}
+
+static int kda_cp_compose(void *self, k3rt_stream *s, k3rt_tensor m1, k3rt_tensor b1,
+                          k3rt_tensor m2, k3rt_tensor b2, k3rt_tensor mo, k3rt_tensor bo,
+                          k3rt_error *err)
+{
+    const kda *m = self;
+    if (!s || k3rt_stream_device(s) != K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "kda: needs a CPU stream");
+    int64_t B = m1.ndim == 4 ? m1.shape[0] : -1;
+    K3RT_TRY(check_host(m, &m1, "m1", B, m->HV, m->dk, m->dk, 4, err));
+    K3RT_TRY(check_host(m, &m2, "m2", B, m->HV, m->dk, m->dk, 4, err));
+    K3RT_TRY(check_host(m, &mo, "m", B, m->HV, m->dk, m->dk, 4, err));
+    K3RT_TRY(check_host(m, &b1, "b1", B, m->HV, m->dk, m->dv, 4, err));
+    K3RT_TRY(check_host(m, &b2, "b2", B, m->HV, m->dk, m->dv, 4, err));
+    K3RT_TRY(check_host(m, &bo, "b", B, m->HV, m->dk, m->dv, 4, err));
+    int64_t n = B * m->HV;
+    return m->dtype == K3RT_F32
+               ? kda_compose_f32(s, n, m->dk, m->dv, m1.data, b1.data, m2.data, b2.data,
+                                 mo.data, bo.data, err)
+               : kda_compose_f64(s, n, m->dk, m->dv, m1.data, b1.data, m2.data, b2.data,
+                                 mo.data, bo.data, err);
+}
+
+/* ---- descriptor --------------------------------------------------------------------------- */
+
+static const k3rt_instance_vtable kda_instance = {
+    .struct_size = sizeof(k3rt_instance_vtable),
+    .create = kda_create,
+    .destroy = kda_destroy,
+    .declare_params = kda_declare_params,
+    .init_param = kda_init_param,
+    .flops = kda_flops,
+    .memory = kda_memory,
+};
+
+static const k3rt_attention_vtable kda_vtable = {
+    .struct_size = sizeof(k3rt_attention_vtable),
+    .forward = kda_forward,
+    .backward = kda_backward,
+    .state_layout = kda_state_layout,
+    .cp_summary = kda_cp_summary,
+    .cp_compose = kda_cp_compose,
+};
+
+static const k3rt_plugin_descriptor kda_descriptor = {
+    .struct_size = sizeof(k3rt_plugin_descriptor),
+    .abi_major = K3RT_ABI_MAJOR,
+    .abi_minor = K3RT_ABI_MINOR,
+    .name = "kda",
+    .kind = K3RT_KIND_ATTENTION,
+    .version = "1.0.0",
+    .description = "Kimi Delta Attention: gated delta rule with channel-wise forget gate (safe "
+                   "lower-bound or softplus), short conv, GVA; chunked and recurrent CPU paths, "
+                   "state in/out, context-parallel summaries",
+    .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC | K3RT_CAP_STATE |
+            K3RT_CAP_CONTEXT_PARALLEL,
+    .options = kda_options,
+    .n_options = KDA_N_OPTIONS,
+    .option_size = sizeof(k3rt_option),
+    .instance = &kda_instance,
+    .vtable = &kda_vtable,
+};
+
+K3RT_PLUGIN_EXPORT(kda_descriptor)
