@@ -1,0 +1,217 @@
+/* per_head_muon: one optimizer step.
+ *
+ *   1. Muon group: every block (a whole matrix, one head's rows/columns, one expert) is an
+ *      independent Newton-Schulz problem (block.inc.c). Blocks are dealt to the stream's CPU
+ *      threads largest first onto the least-loaded thread; a block costing more than a
+ *      thread's fair share runs alone first, with BLAS using every thread.
+ *   2. AdamW group: the core op k3rt_adamw_step per parameter, with the engine's step number
+ *      for the bias correction.
+ *   3. QK-clip, after the update (Kimi K2): for a parameter whose owner declared qk_clip and
+ *      a head h whose max pre-softmax logit S_h (reported by the owner for the forward of
+ *      this step, reduced with MAX across ranks) exceeds tau, gamma = tau / S_h and the head's
+ *      block is scaled by sqrt(gamma) (K3RT_QK_SQRT: query and key sides, so the logit scales
+ *      by gamma) or by gamma (K3RT_QK_FULL: the query side of a key shared by all heads). */
+#include "muon.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int check_param(const muon *o, const muon_param *p, const k3rt_param_ref *ref,
+                       k3rt_error *err)
+{
+    if (!ref->param.data || !ref->grad.data)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "per_head_muon: parameter %s: missing %s",
+                         p->name, ref->param.data ? "gradient" : "weights");
+    if (ref->param.dtype != o->dtype || ref->grad.dtype != o->dtype ||
+        k3rt_tensor_numel(&ref->param) != p->n || k3rt_tensor_numel(&ref->grad) != p->n)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "per_head_muon: parameter %s: expected %lld %s "
+                         "elements as at create, got weights of %lld %s and a gradient of "
+                         "%lld %s", p->name, (long long)p->n, k3rt_dtype_name(o->dtype),
+                         (long long)k3rt_tensor_numel(&ref->param),
+                         k3rt_dtype_name(ref->param.dtype),
+                         (long long)k3rt_tensor_numel(&ref->grad),
+                         k3rt_dtype_name(ref->grad.dtype));
+    if (!p->qk_clip || !k3rt_tensor_present(&ref->head_max_logit))
+        return K3RT_OK;
+    const k3rt_tensor *t = &ref->head_max_logit;
+    if (t->dtype != K3RT_F32 || t->device != K3RT_DEVICE_CPU ||
+        k3rt_tensor_numel(t) != p->heads.count)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "per_head_muon: parameter %s: head_max_logit "
+                         "must be %lld f32 values on the host (one per head), got %lld %s",
+                         p->name, (long long)p->heads.count, (long long)k3rt_tensor_numel(t),
+                         k3rt_dtype_name(t->dtype));
+    const float *s = t->data;
+    for (int64_t h = 0; h < p->heads.count; h++)
+        if (isnan(s[h]) || s[h] == INFINITY)  /* -inf: the owner saw no tokens */
+            return k3rt_fail(err, K3RT_ERR_NUMERIC, "per_head_muon: parameter %s: head %lld "
+                             "reports max logit %g; QK-clip needs a finite value", p->name,
+                             (long long)h, (double)s[h]);
+    return K3RT_OK;
+}
+
+/* ---- the Muon group --------------------------------------------------------------------- */
+
+typedef struct run_ctx {
+    muon *o;
+    const k3rt_optimizer_step *a;
+    double lr;
+    atomic_int failed;
+    k3rt_error err;
+} run_ctx;
+
+static int run_job(run_ctx *c, const muon_job *j, int slot, k3rt_error *err)
+{
+    muon *o = c->o;
+    const k3rt_param_ref *ref = &c->a->params[j->param];
+    muon_block_args b = {.o = o, .p = &o->p[j->param], .param = ref->param.data,
+                         .grad = ref->grad.data, .block = j->block, .lr = c->lr};
+    size_t es = k3rt_dtype_size(o->dtype);
+    void *scratch = (char *)o->scratch + (size_t)slot * (size_t)o->slot_elems * es;
+    int rc = o->dtype == K3RT_F32 ? muon_block_f32(c->a->stream, &b, scratch, err)
+                                  : muon_block_f64(c->a->stream, &b, scratch, err);
+    return rc ? k3rt_error_prefix(err, "per_head_muon: parameter %s block %lld: ",
+                                  b.p->name, (long long)j->block)
+              : K3RT_OK;
+}
+
+static void run_slots(void *ctx, int64_t begin, int64_t end)
+{
+    run_ctx *c = ctx;
+    k3rt_error e;
+    for (int64_t slot = begin; slot < end; slot++)
+        for (int64_t i = 0; i < c->o->n_jobs && !atomic_load(&c->failed); i++)
+            if (c->o->jobs[i].owner == slot && run_job(c, &c->o->jobs[i], (int)slot, &e) &&
+                atomic_exchange(&c->failed, 1) == 0)
+                c->err = e;
+}
+
+/* Longest job first onto the least-loaded slot; a job above the fair share runs alone. */
+static int plan_owners(muon *o, int slots, k3rt_error *err)
+{
+    double *load = calloc((size_t)slots, sizeof *load), total = 0;
+    if (!load)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "per_head_muon: out of memory");
+    for (int64_t i = 0; i < o->n_jobs; i++)
+        total += o->jobs[i].cost;
+    for (int64_t i = 0; i < o->n_jobs; i++) {
+        muon_job *j = &o->jobs[i];
+        if (slots > 1 && j->cost > total / slots) {
+            j->owner = -1;
+            continue;
+        }
+        int best = 0;
+        for (int s = 1; s < slots; s++)
+            if (load[s] < load[best])
+                best = s;
+        j->owner = best;
+        load[best] += j->cost;
+    }
+    free(load);
+    o->planned_slots = slots;
+    return K3RT_OK;
+}
+
+static int ensure_scratch(muon *o, int slots, k3rt_error *err)
+{
+    if (slots <= o->scratch_slots)
+        return K3RT_OK;
+    size_t bytes = (size_t)slots * (size_t)o->slot_elems * k3rt_dtype_size(o->dtype);
+    void *s = realloc(o->scratch, bytes ? bytes : 1);
+    if (!s)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "per_head_muon: out of memory for %d x %lld "
+                         "elements of Newton-Schulz scratch", slots, (long long)o->slot_elems);
+    o->scratch = s;
+    o->scratch_slots = slots;
+    return K3RT_OK;
+}
+
+static int muon_group(muon *o, const k3rt_optimizer_step *a, k3rt_error *err)
+{
+    if (o->n_jobs == 0)
+        return K3RT_OK;
+    int slots = k3rt_stream_threads(a->stream);
+    if (slots < 1)
+        slots = 1;
+    if (slots > o->n_jobs)
+        slots = (int)o->n_jobs;
+    K3RT_TRY(ensure_scratch(o, slots, err));
+    if (o->planned_slots != slots)
+        K3RT_TRY(plan_owners(o, slots, err));
+    run_ctx c = {.o = o, .a = a, .lr = a->lr};
+    atomic_init(&c.failed, 0);
+    for (int64_t i = 0; i < o->n_jobs; i++)
+        if (o->jobs[i].owner < 0)
+            K3RT_TRY(run_job(&c, &o->jobs[i], 0, err));
+    k3rt_parallel_for(a->stream, slots, 1, run_slots, &c);
+    if (atomic_load(&c.failed)) {
+        *err = c.err;
+        return err->code;
+    }
+    return K3RT_OK;
+}
+
+/* ---- AdamW group and QK-clip ------------------------------------------------------------- */
+
+static int adamw_group(muon *o, const k3rt_optimizer_step *a, int64_t t, k3rt_error *err)
+{
+    for (int32_t i = 0; i < o->n; i++) {
+        const muon_param *p = &o->p[i];
+        if (p->rule != MUON_RULE_ADAMW)
+            continue;
+        int rc = k3rt_adamw_step(a->stream, o->dtype, a->params[i].param.data,
+                                 a->params[i].grad.data, p->state, p->v, p->n, a->lr, o->beta1,
+                                 o->beta2, o->eps, p->decayed ? o->adamw_weight_decay : 0.0, t,
+                                 err);
+        if (rc)
+            return k3rt_error_prefix(err, "per_head_muon: parameter %s: ", p->name);
+    }
+    return K3RT_OK;
+}
+
+static void qk_clip(const muon *o, const k3rt_optimizer_step *a)
+{
+    for (int32_t i = 0; i < o->n; i++) {
+        const muon_param *p = &o->p[i];
+        const k3rt_tensor *t = &a->params[i].head_max_logit;
+        if (!p->qk_clip || !k3rt_tensor_present(t))
+            continue;
+        const float *s = t->data;
+        for (int64_t h = 0; h < p->heads.count; h++) {
+            if (!(s[h] > o->qk_tau))
+                continue;
+            double gamma = o->qk_tau / (double)s[h];
+            double f = p->qk_clip == K3RT_QK_SQRT ? sqrt(gamma) : gamma;
+            if (o->dtype == K3RT_F32)
+                muon_scale_block_f32(a->params[i].param.data, &p->heads, h, f);
+            else
+                muon_scale_block_f64(a->params[i].param.data, &p->heads, h, f);
+        }
+    }
+}
+
+int muon_step(void *self, const k3rt_optimizer_step *a, k3rt_error *err)
+{
+    muon *o = self;
+    if (a->n_params != o->n || (o->n > 0 && !a->params))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "per_head_muon: step got %d parameters, create "
+                         "got %d", a->n_params, o->n);
+    if (a->step < 0)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "per_head_muon: step number %lld is negative",
+                         (long long)a->step);
+    if (!isfinite(a->lr) || a->lr < 0)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "per_head_muon: learning rate %g must be "
+                         "finite and >= 0", a->lr);
+    /* The engine's count wins (it survives resumes that skip or repeat steps); our own count
+     * is the fallback when none is given. */
+    int64_t t = a->step > 0 ? a->step : o->step + 1;
+    for (int32_t i = 0; i < o->n; i++)
+        K3RT_TRY(check_param(o, &o->p[i], &a->params[i], err));
+    K3RT_TRY(muon_group(o, a, err));
+    K3RT_TRY(adamw_group(o, a, t, err));
+    if (o->qk_clip)
+        qk_clip(o, a);
+    o->step = t;
+    return K3RT_OK;
+}
