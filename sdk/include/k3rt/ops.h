@@ -9,6 +9,11 @@
  * Gradient conventions: parameter gradients (dW, db, dgain, dtable) ACCUMULATE (the engine
  * zeroes them once per optimizer step, so micro-batches add up); activation gradients (dx)
  * overwrite unless the `accumulate` argument is non-zero.
+ *
+ * Mixed precision (dtype K3RT_BF16): activations, weights and activation gradients are bf16;
+ * parameter-gradient outputs (dW, db, dgain, dtable) and per-row statistics (rstd, lse, loss)
+ * are K3RT_F32 buffers, accumulated in fp32. Arithmetic is fp32 inside every kernel. With
+ * K3RT_F32 on CUDA, matrix products run in full fp32 (no TF32).
  */
 #ifndef K3RT_OPS_H
 #define K3RT_OPS_H

@@ -1,0 +1,160 @@
+/* aux_free: DeepSeek-V3's auxiliary-loss-free balancing (spec moe_balance_attnres.md §3).
+ *
+ * After every optimizer step, with c_i the tokens routed to expert i over the step's global
+ * batch (summed across data-parallel ranks) and c_mean = sum_i c_i / E:
+ *   b_i <- b_i + gamma * sign(c_mean - c_i)
+ * The bias only enters the selection and is installed for the next step. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <k3rt/k3rt.h>
+
+static const k3rt_option options[] = {
+    {"gamma", K3RT_OPT_FLOAT, 0, "0.001", 0, 1e3, NULL,
+     "bias step per update (DeepSeek-V3: 0.001, then 0 for the last tokens)"},
+};
+
+typedef struct aux_free {
+    int E;
+    double gamma;
+    float *bias;      /* [E] state */
+    int64_t *counts;  /* [E] tokens per expert since the last update */
+} aux_free;
+
+static void af_destroy(void *self)
+{
+    aux_free *b = self;
+    if (!b)
+        return;
+    free(b->bias);
+    free(b->counts);
+    free(b);
+}
+
+static int af_create(const k3rt_create_args *a, void **self, k3rt_error *err)
+{
+    if (a->device != K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "aux_free has no CUDA path yet; run on the "
+                         "CPU");
+    if (a->n_experts < 1)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "aux_free: needs a routed MoE layer, got %d "
+                         "experts", a->n_experts);
+    aux_free *b = calloc(1, sizeof *b);
+    if (!b)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "aux_free: out of memory");
+    b->E = a->n_experts;
+    b->gamma = k3rt_cfg_float(a->config, "gamma");
+    b->bias = calloc((size_t)b->E, sizeof *b->bias);
+    b->counts = calloc((size_t)b->E, sizeof *b->counts);
+    if (!b->bias || !b->counts) {
+        af_destroy(b);
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "aux_free: out of memory");
+    }
+    *self = b;
+    return K3RT_OK;
+}
+
+static int af_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
+{
+    (void)batch, (void)seq;
+    const aux_free *b = self;
+    out->saved_bytes = 0;
+    out->workspace_bytes = 0;
+    out->state_bytes = b->E * (int64_t)(sizeof(float) + sizeof(int64_t));
+    return K3RT_OK;
+}
+
+/* The counts are cleared by every update and checkpoints are taken between steps. */
+static int af_state(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
+{
+    aux_free *b = self;
+    k3rt_tensor t = k3rt_tensor_view(b->bias, K3RT_F32, K3RT_DEVICE_CPU, 1, b->E, 0, 0, 0);
+    return k3rt_tensor_sink_add(sink, "bias", t, K3RT_STAT_LOCAL, err);
+}
+
+static int af_bias(void *self, k3rt_tensor *out, k3rt_error *err)
+{
+    (void)err;
+    aux_free *b = self;
+    *out = k3rt_tensor_view(b->bias, K3RT_F32, K3RT_DEVICE_CPU, 1, b->E, 0, 0, 0);
+    return K3RT_OK;
+}
+
+/* Called at the start of every step: the counts of a skipped step (no update) are dropped. */
+static void af_reset(void *self)
+{
+    aux_free *b = self;
+    memset(b->counts, 0, (size_t)b->E * sizeof *b->counts);
+}
+
+static int af_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err)
+{
+    (void)s;
+    aux_free *b = self;
+    const int64_t shape[1] = {b->E};
+    K3RT_TRY(k3rt_tensor_expect(&r->counts, "aux_free: routing counts", K3RT_I64, 1, shape,
+                                err));
+    if (!r->counts.data || r->counts.device != K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "aux_free: routing counts must be on the host");
+    const int64_t *c = r->counts.data;
+    for (int e = 0; e < b->E; e++)
+        b->counts[e] += c[e];
+    return K3RT_OK;
+}
+
+static int af_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err)
+{
+    (void)step;
+    aux_free *b = self;
+    if (k3rt_comm_size(dp) > 1)
+        K3RT_TRY(k3rt_all_reduce(dp, s, b->counts, b->counts, b->E, K3RT_I64, K3RT_REDUCE_SUM,
+                                 err));
+    int64_t total = 0;
+    for (int e = 0; e < b->E; e++)
+        total += b->counts[e];
+    if (total > 0) {
+        /* sign(mean - c_e) compared in integers: E * c_e against the total */
+        for (int e = 0; e < b->E; e++) {
+            int64_t diff = total - (int64_t)b->E * b->counts[e];
+            int sign = (diff > 0) - (diff < 0);
+            b->bias[e] = (float)((double)b->bias[e] + b->gamma * sign);
+        }
+    }
+    memset(b->counts, 0, (size_t)b->E * sizeof *b->counts);
+    return K3RT_OK;
+}
+
+static const k3rt_instance_vtable instance = {
+    .struct_size = sizeof(k3rt_instance_vtable),
+    .create = af_create,
+    .destroy = af_destroy,
+    .memory = af_memory,
+    .state = af_state,
+    .reset_stats = af_reset,
+};
+
+static const k3rt_balancer_vtable balancer = {
+    .struct_size = sizeof(k3rt_balancer_vtable),
+    .bias = af_bias,
+    .observe = af_observe,
+    .update = af_update,
+};
+
+static const k3rt_plugin_descriptor descriptor = {
+    .struct_size = sizeof(k3rt_plugin_descriptor),
+    .abi_major = K3RT_ABI_MAJOR,
+    .abi_minor = K3RT_ABI_MINOR,
+    .name = "aux_free",
+    .kind = K3RT_KIND_BALANCER,
+    .version = "1.0.0",
+    .description = "DeepSeek-V3 auxiliary-loss-free balancing: bias += gamma * sign(mean load "
+                   "- load) after every step",
+    .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+    .options = options,
+    .n_options = sizeof options / sizeof options[0],
+    .option_size = sizeof(k3rt_option),
+    .instance = &instance,
+    .vtable = &balancer,
+};
+
+K3RT_PLUGIN_EXPORT(descriptor)

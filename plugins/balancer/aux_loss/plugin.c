@@ -1,0 +1,168 @@
+/* aux_loss: DeepSeek-V3's complementary sequence-wise balance loss (spec
+ * moe_balance_attnres.md §3). It keeps a zero selection bias and acts through the gradient.
+ *
+ * For each sequence of T tokens (B of them in the micro-batch), with the routed selection:
+ *   f_i = E / (k T) * #{t : i chosen for t}          (a constant: no gradient)
+ *   P_i = (1/T) sum_t s_it / S_t,   S_t = sum_j s_jt
+ *   L   = alpha * sum_i f_i P_i ;   the micro-batch's loss is the mean of L over sequences
+ * and, with F_t = sum_i f_i s_it / S_t,
+ *   dL/ds_jt = alpha / (T S_t) * (f_j - F_t)         (reaches all E scores of every token) */
+#include <stdlib.h>
+#include <string.h>
+
+#include <k3rt/k3rt.h>
+
+static const k3rt_option options[] = {
+    {"alpha", K3RT_OPT_FLOAT, 0, "0.0001", 0, 1e3, NULL,
+     "weight of the sequence-wise balance loss (DeepSeek-V3: 1e-4)"},
+};
+
+typedef struct aux_loss {
+    int E, k;
+    double alpha;
+    float *bias;   /* [E] zeros: this balancer never biases the selection */
+    double *f;     /* [E] scratch */
+} aux_loss;
+
+static void al_destroy(void *self)
+{
+    aux_loss *b = self;
+    if (!b)
+        return;
+    free(b->bias);
+    free(b->f);
+    free(b);
+}
+
+static int al_create(const k3rt_create_args *a, void **self, k3rt_error *err)
+{
+    if (a->device != K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "aux_loss has no CUDA path yet; run on the "
+                         "CPU");
+    if (a->n_experts < 1 || a->top_k < 1 || a->top_k > a->n_experts)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "aux_loss: needs a routed MoE layer, got top-%d "
+                         "of %d experts", a->top_k, a->n_experts);
+    aux_loss *b = calloc(1, sizeof *b);
+    if (!b)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "aux_loss: out of memory");
+    b->E = a->n_experts;
+    b->k = a->top_k;
+    b->alpha = k3rt_cfg_float(a->config, "alpha");
+    b->bias = calloc((size_t)b->E, sizeof *b->bias);
+    b->f = calloc((size_t)b->E, sizeof *b->f);
+    if (!b->bias || !b->f) {
+        al_destroy(b);
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "aux_loss: out of memory");
+    }
+    *self = b;
+    return K3RT_OK;
+}
+
+static int al_bias(void *self, k3rt_tensor *out, k3rt_error *err)
+{
+    (void)err;
+    aux_loss *b = self;
+    *out = k3rt_tensor_view(b->bias, K3RT_F32, K3RT_DEVICE_CPU, 1, b->E, 0, 0, 0);
+    return K3RT_OK;
+}
+
+static int check_routing(const aux_loss *b, const k3rt_routing *r, const k3rt_tensor *ds,
+                         k3rt_error *err)
+{
+    int64_t N = r->batch * r->seq;
+    const int64_t ss[2] = {N, b->E}, sel[2] = {N, b->k};
+    K3RT_TRY(k3rt_tensor_expect(&r->scores, "aux_loss: routing scores", K3RT_F32, 2, ss, err));
+    K3RT_TRY(k3rt_tensor_expect(&r->selected, "aux_loss: routing selected", K3RT_I32, 2, sel,
+                                err));
+    K3RT_TRY(k3rt_tensor_expect(ds, "aux_loss: d_scores", K3RT_F32, 2, ss, err));
+    if (!r->scores.data || !r->selected.data || !ds->data || r->batch < 1 || r->seq < 1 ||
+        r->scores.device != K3RT_DEVICE_CPU || ds->device != K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "aux_loss: needs CPU scores, selection and "
+                         "d_scores of a non-empty batch");
+    const int32_t *s = r->selected.data;
+    for (int64_t i = 0; i < N * b->k; i++)
+        if (s[i] < 0 || s[i] >= b->E)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "aux_loss: selected expert %d at entry "
+                             "%lld is outside [0, %d)", s[i], (long long)i, b->E);
+    return K3RT_OK;
+}
+
+static int al_loss(void *self, k3rt_stream *st, const k3rt_routing *r, double scale,
+                   double *loss, k3rt_tensor d_scores, k3rt_error *err)
+{
+    (void)st;
+    aux_loss *b = self;
+    K3RT_TRY(check_routing(b, r, &d_scores, err));
+    const float *s = r->scores.data;
+    const int32_t *sel = r->selected.data;
+    float *ds = d_scores.data;
+    int64_t B = r->batch, T = r->seq, E = b->E, k = b->k;
+    double total = 0, *f = b->f;
+    for (int64_t q = 0; q < B; q++) {
+        const float *sq = s + q * T * E;
+        memset(f, 0, (size_t)E * sizeof *f);
+        for (int64_t i = 0; i < T * k; i++)
+            f[sel[q * T * k + i]] += 1;
+        for (int64_t e = 0; e < E; e++)
+            f[e] *= (double)E / (double)(k * T);
+        double lq = 0;
+        for (int64_t t = 0; t < T; t++) {
+            const float *st_ = sq + t * E;
+            float *dst = ds + (q * T + t) * E;
+            double S = 0, F = 0;
+            for (int64_t e = 0; e < E; e++)
+                S += st_[e];
+            if (!(S > 0)) {
+                memset(dst, 0, (size_t)E * sizeof *dst);
+                continue;
+            }
+            for (int64_t e = 0; e < E; e++)
+                F += f[e] * st_[e] / S;
+            lq += F;  /* sum_i f_i P_i = (1/T) sum_t F_t */
+            double c = scale * b->alpha / ((double)B * (double)T * S);
+            for (int64_t e = 0; e < E; e++)
+                dst[e] = (float)(c * (f[e] - F));
+        }
+        total += b->alpha * lq / (double)T;
+    }
+    *loss = total / (double)B;
+    return K3RT_OK;
+}
+
+/* The loss acts through the gradient; there is no statistic to fold in between steps. */
+static int al_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err)
+{
+    (void)self, (void)s, (void)dp, (void)step, (void)err;
+    return K3RT_OK;
+}
+
+static const k3rt_instance_vtable instance = {
+    .struct_size = sizeof(k3rt_instance_vtable),
+    .create = al_create,
+    .destroy = al_destroy,
+};
+
+static const k3rt_balancer_vtable balancer = {
+    .struct_size = sizeof(k3rt_balancer_vtable),
+    .bias = al_bias,
+    .aux_loss = al_loss,
+    .update = al_update,
+};
+
+static const k3rt_plugin_descriptor descriptor = {
+    .struct_size = sizeof(k3rt_plugin_descriptor),
+    .abi_major = K3RT_ABI_MAJOR,
+    .abi_minor = K3RT_ABI_MINOR,
+    .name = "aux_loss",
+    .kind = K3RT_KIND_BALANCER,
+    .version = "1.0.0",
+    .description = "DeepSeek-V3 sequence-wise auxiliary balance loss with weight alpha",
+    .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC | K3RT_CAP_AUX_LOSS,
+    .options = options,
+    .n_options = sizeof options / sizeof options[0],
+    .option_size = sizeof(k3rt_option),
+    .instance = &instance,
+    .vtable = &balancer,
+};
+
+K3RT_PLUGIN_EXPORT(descriptor)

@@ -1,0 +1,115 @@
+/* Stable LatentMoE (K3): the instance, its parameter slots, the layout of the saved and
+ * workspace buffers and the per-dtype token kernels, shared by plugin.c (descriptor side),
+ * moe.c (forward/backward over core ops) and kernels.inc.c (the loops over tokens). */
+#ifndef K3RT_PLUGIN_LATENT_MOE_H
+#define K3RT_PLUGIN_LATENT_MOE_H
+
+#include <k3rt/k3rt.h>
+
+/* Parameter slots in declaration order; a slot absent from a configuration has index -1. */
+enum {
+    LM_ROUTER,    /* router.weight                 [E, d]        role router */
+    LM_DOWN,      /* routed_down_proj.weight       [l, d]        d -> latent, once per token */
+    LM_EX_GATE,   /* experts.gate_proj.weight      [E, m, l]     (K3 w1) */
+    LM_EX_UP,     /* experts.up_proj.weight        [E, m, l]     (K3 w3) */
+    LM_EX_DOWN,   /* experts.down_proj.weight      [E, l, m]     (K3 w2) */
+    LM_NORM,      /* routed_norm.weight            [l]           (latent_norm) */
+    LM_UP,        /* routed_up_proj.weight         [d, l]        latent -> d */
+    LM_SH_GATE,   /* shared_experts.gate_proj.weight [Hs, d]     Hs = shared * shared_hidden */
+    LM_SH_UP,     /* shared_experts.up_proj.weight   [Hs, d] */
+    LM_SH_DOWN,   /* shared_experts.down_proj.weight [d, Hs] */
+    LM_N_SLOTS
+};
+
+typedef struct latent_moe {
+    int dtype;            /* K3RT_F32 or K3RT_F64 */
+    int64_t d;            /* d_model */
+    int64_t E, k;         /* routed experts, experts per token */
+    int64_t l;            /* latent width */
+    int64_t m;            /* routed expert hidden width */
+    int64_t Hs;           /* fused width of the shared experts (0: none) */
+    int glu;              /* k3rt_glu */
+    double beta1, beta2;
+    int latent_norm;      /* RMSNorm over the combined latent output (K3); 0 = NVIDIA's LatentMoE */
+    double norm_eps;
+    int renormalize;      /* gates = scores renormalised over the chosen k */
+    double rscale;        /* routed_scaling_factor */
+    double init_std, out_std;
+    double latent_std;    /* init of the routed path before the norm; 0 = 1/sqrt(fan_in) */
+    int slot[LM_N_SLOTS]; /* parameter index of each slot, or -1 */
+    int n_params;
+} latent_moe;
+
+/* Byte offsets into the saved buffer (forward -> backward) and the workspace. N = B*T tokens,
+ * R = N*k routed rows in expert-grouped order. `real` is the compute dtype. */
+typedef struct lm_layout {
+    /* saved */
+    int64_t s;          /* real [N, E]   router scores sigmoid(x Wr^T), before the bias */
+    int64_t s32;        /* f32  [N, E]   the scores as reported to the balancer (f64 runs) */
+    int64_t sel;        /* i32  [N, k]   chosen experts, by descending biased score */
+    int64_t pos;        /* i32  [N, k]   row of (token, slot) in the grouped order */
+    int64_t p;          /* real [N, k]   gate weights */
+    int64_t counts;     /* i64  [E]      rows per expert (host) */
+    int64_t offsets;    /* i64  [E + 1]  first row of each expert (host) */
+    int64_t bias;       /* f32  [E]      the selection bias used */
+    int64_t c;          /* real [N, l]   latent input c = x Wdown^T */
+    int64_t g, u, a;    /* real [R, m]   expert gate/up pre-activations and glu(g, u) */
+    int64_t ye;         /* real [R, l]   expert outputs */
+    int64_t U;          /* real [N, l]   combined latent output */
+    int64_t rstd;       /* real [N]      latent norm 1/rms                (latent_norm) */
+    int64_t nrm;        /* real [N, l]   RMSNorm(U)                       (latent_norm) */
+    int64_t sg, su, sa; /* real [N, Hs]  shared experts' gate/up and glu   (shared) */
+    int64_t saved;
+    /* forward scratch */
+    int64_t f_xe;       /* real [R, l]   c gathered into grouped order */
+    int64_t fwd;
+    /* backward scratch */
+    int64_t b_dn;       /* real [N, l]   d RMSNorm(U) */
+    int64_t b_dU;       /* real [N, l] */
+    int64_t b_dp;       /* real [N, k] */
+    int64_t b_dye;      /* real [R, l]   d ye, then d xe */
+    int64_t b_da, b_dg, b_du; /* real [R, m] */
+    int64_t b_xe;       /* real [R, l]   c gathered again */
+    int64_t b_dc;       /* real [N, l] */
+    int64_t b_dz;       /* real [N, E]   d router logits */
+    int64_t b_dsa, b_dsg, b_dsu; /* real [N, Hs] */
+    int64_t bwd;
+    /* inference keeps the "saved" tensors in the workspace, after the forward scratch */
+    int64_t workspace;  /* max(bwd, fwd + saved) */
+} lm_layout;
+
+void lm_layout_make(const latent_moe *f, int64_t tokens, lm_layout *l);
+
+/* Loops over tokens, one instance per dtype (kernels_f32.c, kernels_f64.c); pointers are of the
+ * compute dtype unless typed. Every reduction runs in a fixed order per token, so results do
+ * not depend on the thread count. */
+typedef struct lm_kernels {
+    /* sel = top-k of s + bias (ties -> lower expert id; bias may be NULL = 0), in descending
+     * order; p = rscale * s_sel / (sum s_sel + 1e-20) (renormalize) or rscale * s_sel. */
+    void (*route)(k3rt_stream *st, const void *s, const float *bias, int64_t N, int64_t E,
+                  int64_t k, int renormalize, double rscale, int32_t *sel, void *p);
+    /* xe[pos[t, j]] = c[t] */
+    void (*gather)(k3rt_stream *st, const void *c, const int32_t *pos, int64_t N, int64_t k,
+                   int64_t l, void *xe);
+    /* U[t] = sum_j p[t, j] ye[pos[t, j]], in slot order */
+    void (*combine)(k3rt_stream *st, const void *ye, const int32_t *pos, const void *p,
+                    int64_t N, int64_t k, int64_t l, void *U);
+    /* dp[t, j] = dU[t] . ye[pos[t, j]] ;  dye[pos[t, j]] = p[t, j] dU[t] */
+    void (*combine_bwd)(k3rt_stream *st, const void *dU, const void *ye, const int32_t *pos,
+                        const void *p, int64_t N, int64_t k, int64_t l, void *dp, void *dye);
+    /* dc[t] = sum_j dxe[pos[t, j]], in slot order */
+    void (*scatter)(k3rt_stream *st, const void *dxe, const int32_t *pos, int64_t N, int64_t k,
+                    int64_t l, void *dc);
+    /* dz = s (1 - s) (ds + d_scores): ds from dp through the gates (zero off the chosen k);
+     * d_scores [N, E] f32 may be NULL. */
+    void (*router_bwd)(k3rt_stream *st, const void *s, const int32_t *sel, const void *dp,
+                       const float *d_scores, int64_t N, int64_t E, int64_t k, int renormalize,
+                       double rscale, void *dz);
+} lm_kernels;
+
+extern const lm_kernels lm_kernels_f32, lm_kernels_f64;
+
+int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err);
+int lm_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err);
+
+#endif

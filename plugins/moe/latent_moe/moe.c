@@ -1,0 +1,274 @@
+/* Stable LatentMoE forward and backward, the llm.c way (spec moe_balance_attnres.md §1).
+ * N = B*T tokens, d = d_model, E experts, k per token, l latent, m expert hidden, R = N*k
+ * routed rows, Hs = fused shared hidden:
+ *
+ *   s  = sigmoid(x Wr^T)          [N, E]  saved; router on the full width, compute dtype (fp32)
+ *   sel = top-k(s + bias)         [N, k]  saved; bias from the balancer, never trained
+ *   p  = rscale s_sel / sum s_sel [N, k]  saved (renormalize; else rscale s_sel)
+ *   c  = x Wdown^T                [N, l]  saved; once per token, before the dispatch
+ *   xe = c in grouped order       [R, l]  rows of expert e: offsets[e] .. offsets[e+1]
+ *   g, u = xe Wg_e^T, xe Wu_e^T   [R, m]  saved (grouped GEMMs)
+ *   a  = glu(g, u)                [R, m]  saved (the SiTU transcendentals cost more than a GEMM
+ *                                         on the CPU, so the backward does not recompute it)
+ *   ye = a Wd_e^T                 [R, l]  saved
+ *   U  = sum_j p_j ye_j           [N, l]  saved; per token in slot order, in the compute dtype
+ *   n  = RMSNorm_gamma(U)         [N, l]  saved with its rstd (latent_norm; else n = U)
+ *   y  = n Wup^T + glu(x Wsg^T, x Wsu^T) Wsd^T          shared: sg, su, sa [N, Hs] saved
+ *
+ * Products are core ops (k3rt_linear / k3rt_grouped_linear / k3rt_gemm), as are the GLU,
+ * RMSNorm and sigmoid, so this file is dtype-agnostic; the token loops are lm_kernels.
+ * Inference (training == 0) keeps the saved tensors in the workspace instead. */
+#include "latent_moe.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define P(i) (a->params[f->slot[(i)]].data)
+#define G(i) (a->grads[f->slot[(i)]].data)
+
+static const lm_kernels *kernels(const latent_moe *f)
+{
+    return f->dtype == K3RT_F32 ? &lm_kernels_f32 : &lm_kernels_f64;
+}
+
+static int check_params(const latent_moe *f, const k3rt_tensor *params, int32_t n,
+                        const char *what, k3rt_error *err)
+{
+    if (n != f->n_params || !params)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "latent_moe: expected %d %s, got %d",
+                         f->n_params, what, n);
+    int64_t shapes[LM_N_SLOTS][3] = {
+        {f->E, f->d}, {f->l, f->d}, {f->E, f->m, f->l}, {f->E, f->m, f->l}, {f->E, f->l, f->m},
+        {f->l}, {f->d, f->l}, {f->Hs, f->d}, {f->Hs, f->d}, {f->d, f->Hs}};
+    static const char *const names[LM_N_SLOTS] = {
+        "router.weight", "routed_down_proj.weight", "experts.gate_proj.weight",
+        "experts.up_proj.weight", "experts.down_proj.weight", "routed_norm.weight",
+        "routed_up_proj.weight", "shared_experts.gate_proj.weight",
+        "shared_experts.up_proj.weight", "shared_experts.down_proj.weight"};
+    static const int ndims[LM_N_SLOTS] = {2, 2, 3, 3, 3, 1, 2, 2, 2, 2};
+    for (int i = 0; i < LM_N_SLOTS; i++)
+        if (f->slot[i] >= 0)
+            K3RT_TRY(k3rt_tensor_expect(&params[f->slot[i]], names[i], f->dtype, ndims[i],
+                                        shapes[i], err));
+    return K3RT_OK;
+}
+
+static int check_act(const latent_moe *f, const k3rt_tensor *t, const char *what, int64_t B,
+                     int64_t T, k3rt_error *err)
+{
+    const int64_t shape[3] = {B, T, f->d};
+    return k3rt_tensor_expect(t, what, f->dtype, 3, shape, err);
+}
+
+static int check_bytes(const char *what, const void *p, int64_t have, int64_t need,
+                       k3rt_error *err)
+{
+    if (!p || have < need)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "latent_moe: %s buffer of %lld bytes, need %lld "
+                         "(see memory())", what, (long long)(p ? have : 0), (long long)need);
+    return K3RT_OK;
+}
+
+/* Counting sort of the (token, slot) pairs by expert, stable in token order: counts, offsets
+ * and the grouped row of every pair. Serial: O(N k) integer work, negligible next to the
+ * GEMMs, and the order it produces is the one the GPU path must reproduce. */
+static void dispatch(const int32_t *sel, int64_t R, int64_t E, int64_t *counts,
+                     int64_t *offsets, int32_t *pos)
+{
+    memset(counts, 0, (size_t)E * sizeof *counts);
+    for (int64_t i = 0; i < R; i++)
+        counts[sel[i]]++;
+    offsets[0] = 0;
+    for (int64_t e = 0; e < E; e++)
+        offsets[e + 1] = offsets[e] + counts[e];
+    /* counts doubles as the fill cursor, then is restored */
+    for (int64_t e = 0; e < E; e++)
+        counts[e] = offsets[e];
+    for (int64_t i = 0; i < R; i++)
+        pos[i] = (int32_t)counts[sel[i]]++;
+    for (int64_t e = 0; e < E; e++)
+        counts[e] = offsets[e + 1] - offsets[e];
+}
+
+static int take_bias(const latent_moe *f, const k3rt_tensor *bias, float *dst, k3rt_error *err)
+{
+    if (bias->ndim == 0) {
+        memset(dst, 0, (size_t)f->E * sizeof(float));
+        return K3RT_OK;
+    }
+    const int64_t shape[1] = {f->E};
+    K3RT_TRY(k3rt_tensor_expect(bias, "latent_moe bias", K3RT_F32, 1, shape, err));
+    if (!bias->data || bias->device != K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "latent_moe: the selection bias must be a CPU "
+                         "tensor with data");
+    memcpy(dst, bias->data, (size_t)f->E * sizeof(float));
+    return K3RT_OK;
+}
+
+int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
+{
+    const latent_moe *f = self;
+    K3RT_TRY(check_act(f, &a->x, "latent_moe x", a->batch, a->seq, err));
+    K3RT_TRY(check_act(f, &a->y, "latent_moe y", a->batch, a->seq, err));
+    K3RT_TRY(check_params(f, a->params, a->n_params, "parameters", err));
+    int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * f->k, l = f->l, m = f->m;
+    int64_t d = f->d;
+    if (R > INT32_MAX)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "latent_moe: %lld tokens x top-%lld routed rows "
+                         "exceed the i32 row index; use a smaller micro-batch", (long long)N,
+                         (long long)k);
+    lm_layout L;
+    lm_layout_make(f, N, &L);
+    char *sv, *ws;
+    if (a->training) {
+        K3RT_TRY(check_bytes("saved", a->saved, a->saved_bytes, L.saved, err));
+        K3RT_TRY(check_bytes("workspace", a->workspace, a->workspace_bytes, L.fwd, err));
+        sv = a->saved, ws = a->workspace;
+    } else {
+        K3RT_TRY(check_bytes("workspace", a->workspace, a->workspace_bytes, L.fwd + L.saved,
+                             err));
+        ws = a->workspace, sv = ws + L.fwd;
+    }
+    float *bias = (float *)(sv + L.bias);
+    K3RT_TRY(take_bias(f, &a->bias, bias, err));
+    k3rt_stream *st = a->stream;
+    int dt = f->dtype;
+    const lm_kernels *K = kernels(f);
+    void *s = sv + L.s, *p = sv + L.p, *c = sv + L.c, *g = sv + L.g, *u = sv + L.u;
+    void *act = sv + L.a, *ye = sv + L.ye, *U = sv + L.U, *xe = ws + L.f_xe;
+    int32_t *sel = (int32_t *)(sv + L.sel), *pos = (int32_t *)(sv + L.pos);
+    int64_t *counts = (int64_t *)(sv + L.counts), *offsets = (int64_t *)(sv + L.offsets);
+
+    /* route */
+    K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_ROUTER), NULL, s, N, d, E, err));
+    K3RT_TRY(k3rt_act_fwd(st, dt, K3RT_ACT_SIGMOID, s, s, N * E, err));
+    K->route(st, s, bias, N, E, k, f->renormalize, f->rscale, sel, p);
+    dispatch(sel, R, E, counts, offsets, pos);
+
+    /* routed experts in the latent space */
+    K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_DOWN), NULL, c, N, d, l, err));
+    K->gather(st, c, pos, N, k, l, xe);
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LM_EX_GATE), g, offsets, E, l, m, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LM_EX_UP), u, offsets, E, l, m, err));
+    K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, g, u, act, R * m, f->beta1, f->beta2, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, act, P(LM_EX_DOWN), ye, offsets, E, m, l, err));
+    K->combine(st, ye, pos, p, N, k, l, U);
+    void *n = U;
+    if (f->latent_norm) {
+        n = sv + L.nrm;
+        K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, U, P(LM_NORM), n, sv + L.rstd, N, l, f->norm_eps,
+                                  err));
+    }
+    K3RT_TRY(k3rt_linear_fwd(st, dt, n, P(LM_UP), NULL, a->y.data, N, l, d, err));
+
+    /* shared experts at full width: y += glu(x Wsg^T, x Wsu^T) Wsd^T */
+    if (f->Hs > 0) {
+        void *sg = sv + L.sg, *su = sv + L.su, *sa = sv + L.sa;
+        K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_SH_GATE), NULL, sg, N, d, f->Hs, err));
+        K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_SH_UP), NULL, su, N, d, f->Hs, err));
+        K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, sg, su, sa, N * f->Hs, f->beta1, f->beta2, err));
+        K3RT_TRY(k3rt_gemm(st, dt, 0, 1, N, d, f->Hs, 1.0, sa, f->Hs, P(LM_SH_DOWN), f->Hs, 1.0,
+                           a->y.data, d, err));
+    }
+
+    if (a->routing) {
+        k3rt_routing *r = a->routing;
+        void *s32 = sv + L.s32;
+        if (dt != K3RT_F32)
+            K3RT_TRY(k3rt_cast(st, s, dt, s32, K3RT_F32, N * E, err));
+        r->batch = a->batch, r->seq = a->seq;
+        r->experts = (int32_t)E, r->top_k = (int32_t)k;
+        r->scores = k3rt_tensor_view(s32, K3RT_F32, K3RT_DEVICE_CPU, 2, N, E, 0, 0);
+        r->selected = k3rt_tensor_view(sel, K3RT_I32, K3RT_DEVICE_CPU, 2, N, k, 0, 0);
+        r->counts = k3rt_tensor_view(counts, K3RT_I64, K3RT_DEVICE_CPU, 1, E, 0, 0, 0);
+        r->bias = k3rt_tensor_view(bias, K3RT_F32, K3RT_DEVICE_CPU, 1, E, 0, 0, 0);
+    }
+    return K3RT_OK;
+}
+
+/* Backward, in reverse (spec §1):
+ *   shared:  dWsd += dy^T sa ; dsa = dy Wsd ; (dsg, dsu) = glu' ; dx = dsg Wsg + dsu Wsu
+ *   dWup += dy^T n ; dn = dy Wup ; dU = RMSNorm'(dn) (dgamma +=)
+ *   dp_j = dU . ye_j ; dye_j = p_j dU
+ *   dWd_e += dye^T a ; da = dye Wd_e ; (dg, du) = glu'(g, u) da
+ *   dWg_e += dg^T xe ; dWu_e += du^T xe ; dxe = dg Wg_e + du Wu_e ; dc = sum_j dxe_j
+ *   dWdown += dc^T x ; dx += dc Wdown
+ *   dz = s (1 - s) (gate backward of dp + d_scores) ; dWr += dz^T x ; dx += dz Wr */
+int lm_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
+{
+    const latent_moe *f = self;
+    K3RT_TRY(check_act(f, &a->x, "latent_moe x", a->batch, a->seq, err));
+    K3RT_TRY(check_act(f, &a->dy, "latent_moe dy", a->batch, a->seq, err));
+    K3RT_TRY(check_act(f, &a->dx, "latent_moe dx", a->batch, a->seq, err));
+    K3RT_TRY(check_params(f, a->params, a->n_params, "parameters", err));
+    if (!a->grads)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "latent_moe: backward without gradients");
+    K3RT_TRY(check_params(f, a->grads, a->n_params, "gradients", err));
+    int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * f->k, l = f->l, m = f->m;
+    int64_t d = f->d;
+    lm_layout L;
+    lm_layout_make(f, N, &L);
+    K3RT_TRY(check_bytes("saved", a->saved, a->saved_bytes, L.saved, err));
+    K3RT_TRY(check_bytes("workspace", a->workspace, a->workspace_bytes, L.bwd, err));
+    const float *d_scores = NULL;
+    if (a->d_scores.ndim) {
+        const int64_t shape[2] = {N, E};
+        K3RT_TRY(k3rt_tensor_expect(&a->d_scores, "latent_moe d_scores", K3RT_F32, 2, shape,
+                                    err));
+        d_scores = a->d_scores.data;
+    }
+    const char *sv = a->saved;
+    char *ws = a->workspace;
+    k3rt_stream *st = a->stream;
+    int dt = f->dtype;
+    const lm_kernels *K = kernels(f);
+    const int32_t *sel = (const int32_t *)(sv + L.sel), *pos = (const int32_t *)(sv + L.pos);
+    const int64_t *offsets = (const int64_t *)(sv + L.offsets);
+    const void *x = a->x.data, *dy = a->dy.data;
+    void *dx = a->dx.data;
+
+    /* shared experts first: their input gradient initialises dx */
+    if (f->Hs > 0) {
+        void *dsa = ws + L.b_dsa, *dsg = ws + L.b_dsg, *dsu = ws + L.b_dsu;
+        K3RT_TRY(k3rt_linear_bwd(st, dt, sv + L.sa, P(LM_SH_DOWN), dy, dsa, G(LM_SH_DOWN), NULL,
+                                 N, f->Hs, d, 0, err));
+        K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.sg, sv + L.su, dsa, dsg, dsu, N * f->Hs,
+                              f->beta1, f->beta2, err));
+        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_SH_GATE), dsg, dx, G(LM_SH_GATE), NULL, N, d,
+                                 f->Hs, 0, err));
+        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_SH_UP), dsu, dx, G(LM_SH_UP), NULL, N, d,
+                                 f->Hs, 1, err));
+    }
+    int acc = f->Hs > 0;
+
+    /* up-projection and latent norm */
+    void *dn = ws + L.b_dn, *dU = ws + L.b_dU;
+    const void *n = f->latent_norm ? sv + L.nrm : sv + L.U;
+    K3RT_TRY(k3rt_linear_bwd(st, dt, n, P(LM_UP), dy, dn, G(LM_UP), NULL, N, l, d, 0, err));
+    if (f->latent_norm)
+        K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, sv + L.U, P(LM_NORM), sv + L.rstd, dn, dU, G(LM_NORM),
+                                  N, l, 0, err));
+
+    /* combine, experts, dispatch */
+    void *dp = ws + L.b_dp, *dye = ws + L.b_dye, *da = ws + L.b_da, *dg = ws + L.b_dg;
+    void *du = ws + L.b_du, *xe = ws + L.b_xe, *dc = ws + L.b_dc, *dz = ws + L.b_dz;
+    K->combine_bwd(st, dU, sv + L.ye, pos, sv + L.p, N, k, l, dp, dye);
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, sv + L.a, P(LM_EX_DOWN), dye, da, G(LM_EX_DOWN),
+                                     offsets, E, m, l, 0, err));
+    K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.g, sv + L.u, da, dg, du, R * m, f->beta1,
+                          f->beta2, err));
+    K->gather(st, sv + L.c, pos, N, k, l, xe);
+    void *dxe = dye;  /* dye is spent */
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LM_EX_GATE), dg, dxe, G(LM_EX_GATE), offsets,
+                                     E, l, m, 0, err));
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LM_EX_UP), du, dxe, G(LM_EX_UP), offsets, E,
+                                     l, m, 1, err));
+    K->scatter(st, dxe, pos, N, k, l, dc);
+    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_DOWN), dc, dx, G(LM_DOWN), NULL, N, d, l, acc,
+                             err));
+
+    /* router */
+    K->router_bwd(st, sv + L.s, sel, dp, d_scores, N, E, k, f->renormalize, f->rscale, dz);
+    return k3rt_linear_bwd(st, dt, x, P(LM_ROUTER), dz, dx, G(LM_ROUTER), NULL, N, d, E, 1,
+                           err);
+}
