@@ -38,6 +38,17 @@ static int residual_call(model *m, residual_fn fn, int s, void *t, int backward,
     return module_fail(&r->m, fn(r->m.self, &a, err), err);
 }
 
+/* mix_backward also gets the sublayer's input (what mix wrote, kept in hs for the pre-norm's
+ * backward): a residual whose mixing is not linear in its sources recovers what it read from
+ * it instead of keeping a copy per sublayer. */
+static int residual_mix_backward(model *m, int s, void *hs, k3rt_error *err)
+{
+    model_module *r = &m->mods[m->residual];
+    k3rt_residual_args a = residual_args(m, s, m->a->dh, 1);
+    a.sublayer_input = model_act_tensor(m, hs);
+    return module_fail(&r->m, r->m.e->vt.residual.mix_backward(r->m.self, &a, err), err);
+}
+
 static double sum_rows(const model *m, const void *x, int64_t n)
 {
     double s = 0;
@@ -226,7 +237,7 @@ static int backward_body(model *m, k3rt_error *err)
         K3RT_TRY(sublayer_backward(m, s, err));
         K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, hs, g->param.data, rstd, a->dxn, a->dh, g->grad.data,
                                   N, m->d, 0, err));
-        K3RT_TRY(residual_call(m, rv->mix_backward, s, a->dh, 1, err));
+        K3RT_TRY(residual_mix_backward(m, s, hs, err));
     }
     K3RT_TRY(residual_call(m, rv->begin_backward, 0, a->dh, 1, err));
     return k3rt_embedding_bwd(st, dt, a->tokens, a->dh, m->params[m->embed].grad.data, N,

@@ -90,6 +90,9 @@ json_t *moe_metrics(rank_ctx *c, double *worst_maxvio);
 /* train_sample.c */
 int sample_text(model *m, int64_t seq_len, const json_t *sample_cfg, char **out,
                 k3rt_error *err);
+/* Draws a token from softmax(logits / temperature), restricted to the top_k largest
+ * (top_k <= 0: all); temperature <= 0 is greedy. Overwrites logits. */
+int32_t sample_draw(double *logits, int64_t V, double temperature, int64_t top_k, k3rt_rng *rng);
 /* Fraction of the whitespace-separated words of text that occur in corpus[0..n). */
 int sample_word_coverage(const char *corpus, int64_t n, const char *text, double *fraction,
                          int64_t *words, k3rt_error *err);

@@ -5,6 +5,7 @@
 
 #include "comm/comm_impl.h"
 #include "plugin/sinks.h"
+#include "train/heatmap.h"
 #include "train/train_internal.h"
 #include "util/fs.h"
 #include "util/log.h"
@@ -209,6 +210,59 @@ static int hook_changes(rank_ctx *c, int64_t step, json_t *metrics, k3rt_error *
     return rc;
 }
 
+/* A residual that reports "depth_weights" [sublayers + 1, sources] (what each sublayer reads
+ * from each depth source) gets it drawn as a heat map and logged, at every evaluation. */
+static int depth_weights(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
+{
+    run *r = c->r;
+    struct k3rt_tensor_sink sink;
+    K3RT_TRY(module_stats(&c->m.mods[c->m.residual].m, &sink, err));
+    const tensor_sink_item *it = NULL;
+    for (int i = 0; i < sink.n; i++)
+        if (!strcmp(sink.items[i].name, "depth_weights") && sink.items[i].t.ndim == 2 &&
+            sink.items[i].t.dtype == K3RT_F32 && sink.items[i].t.device == K3RT_DEVICE_CPU)
+            it = &sink.items[i];
+    int rc = K3RT_OK;
+    if (it) {
+        int rows = (int)it->t.shape[0], cols = (int)it->t.shape[1];
+        double *m = malloc((size_t)rows * (size_t)cols * sizeof *m);
+        char (*rl)[24] = calloc((size_t)rows, sizeof *rl), (*cl)[24] = calloc((size_t)cols, sizeof *cl);
+        const char **rp = calloc((size_t)rows, sizeof *rp), **cp = calloc((size_t)cols, sizeof *cp);
+        json_t *table = json_array();
+        if (!m || !rl || !cl || !rp || !cp || !table)
+            rc = k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+        for (int i = 0; !rc && i < rows; i++) {
+            if (i == rows - 1)
+                snprintf(rl[i], sizeof rl[i], "output");
+            else
+                snprintf(rl[i], sizeof rl[i], "%d.%s", i / 2, i % 2 ? "ffn" : "mixer");
+            rp[i] = rl[i];
+            json_t *row = json_array();
+            for (int j = 0; j < cols; j++) {
+                m[i * cols + j] = ((const float *)it->t.data)[i * cols + j];
+                json_array_append_new(row, json_real(m[i * cols + j]));
+            }
+            json_array_append_new(table, row);
+        }
+        for (int j = 0; !rc && j < cols; j++) {
+            snprintf(cl[j], sizeof cl[j], j ? "source %d" : "embedding", j);
+            cp[j] = cl[j];
+        }
+        if (!rc) {
+            char path[1200], title[96];
+            snprintf(title, sizeof title, "depth-attention weights at step %lld", (long long)step);
+            heatmap_spec spec = {title, "sublayer (layer.slot)", "source", rp, cp, 0, 1};
+            fs_join(path, sizeof path, r->out, "depth_weights.svg");
+            rc = heatmap_write_svg(path, m, rows, cols, &spec, err);
+            json_object_set(rec, "depth_weights", table);
+        }
+        json_decref(table);
+        free(m), free(rl), free(cl), free(rp), free(cp);
+    }
+    tensor_sink_free(&sink);
+    return rc;
+}
+
 static int maybe_eval(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
 {
     run *r = c->r;
@@ -219,6 +273,7 @@ static int maybe_eval(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
     K3RT_TRY(eval_split(c, &r->val, r->eval_batches * r->B, &val, err));
     json_object_set_new(rec, "val_loss", json_real(val));
     if (c->rank == 0) {
+        K3RT_TRY(depth_weights(c, step, rec, err));
         r->result.final_val_loss = val;
         plot_add(&r->history.val, (double)step, val);
         if (!r->opt.quiet)

@@ -6,9 +6,7 @@
 
 #include "train/train_internal.h"
 
-/* Draws a token from softmax(logits / temperature), restricted to the top_k largest
- * (top_k <= 0: all); temperature <= 0 is greedy. */
-static int32_t draw(double *logits, int64_t V, double temperature, int64_t top_k, k3rt_rng *rng)
+int32_t sample_draw(double *logits, int64_t V, double temperature, int64_t top_k, k3rt_rng *rng)
 {
     int64_t best = 0;
     for (int64_t v = 1; v < V; v++)
@@ -35,9 +33,9 @@ static int32_t draw(double *logits, int64_t V, double temperature, int64_t top_k
             free(copy);
         }
     }
-    double total = 0;
+    double total = 0, top = logits[best];
     for (int64_t v = 0; v < V; v++) {
-        logits[v] = logits[v] >= cutoff ? exp((logits[v] - logits[best]) / temperature) : 0.0;
+        logits[v] = logits[v] >= cutoff ? exp((logits[v] - top) / temperature) : 0.0;
         total += logits[v];
     }
     double u = k3rt_rng_uniform(rng) * total;
@@ -84,7 +82,7 @@ int sample_text(model *m, int64_t seq_len, const json_t *cfg, char **out, k3rt_e
             ctx[t] = t < take ? (unsigned char)text[len - (size_t)take + (size_t)t] : 0;
         rc = model_logits_at(m, ctx, take - 1, logits, err);
         if (!rc)
-            text[len++] = (char)draw(logits, m->vocab, temperature, top_k, &rng);
+            text[len++] = (char)sample_draw(logits, m->vocab, temperature, top_k, &rng);
     }
     text[len] = '\0';
     free(ctx);

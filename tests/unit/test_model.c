@@ -6,7 +6,7 @@
 #include "model/model.h"
 #include "testutil/testutil.h"
 
-static const char *MODEL_DOC =
+static const char *MODEL_DOC_FMT =
     "{\"d_model\": 8, \"vocab\": 11, \"layers\": 2, \"pattern\": \"MM\", \"norm_eps\": 1e-5,"
     " \"init_std\": 0.3, \"dense_layers\": 0,"
     " \"mixers\": {\"M\": {\"plugin\": \"mla\", \"kind\": \"attention\", \"path\": null,"
@@ -15,14 +15,17 @@ static const char *MODEL_DOC =
     " \"ffn\": {\"plugin\": \"dense_glu\", \"kind\": \"moe\", \"path\": null,"
     "   \"config\": {\"hidden\": 12, \"init_std\": 0.3}},"
     " \"balancer\": {\"plugin\": \"none\", \"kind\": \"balancer\", \"path\": null, \"config\": {}},"
-    " \"residual\": {\"plugin\": \"standard\", \"kind\": \"residual\", \"path\": null,"
-    "   \"config\": {}}}";
+    " \"residual\": {\"plugin\": \"%s\", \"kind\": \"residual\", \"path\": null,"
+    "   \"config\": %s}}";
 
 enum { B = 2, T = 5 };
 
-static int build(model *m, registry *reg, k3rt_stream *s, k3rt_error *err)
+static int build_with(model *m, registry *reg, k3rt_stream *s, const char *residual,
+                      const char *residual_config, k3rt_error *err)
 {
-    json_t *doc = json_loads(MODEL_DOC, 0, NULL);
+    char text[4096];
+    snprintf(text, sizeof text, MODEL_DOC_FMT, residual, residual_config);
+    json_t *doc = json_loads(text, 0, NULL);
     ck_assert_ptr_nonnull(doc);
     model_options o = {K3RT_F64, K3RT_DEVICE_CPU, s, NULL, 7, 0};
     int rc = model_build(m, doc, reg, &o, err);
@@ -30,7 +33,12 @@ static int build(model *m, registry *reg, k3rt_stream *s, k3rt_error *err)
     return rc;
 }
 
-START_TEST(every_gradient_matches_finite_differences)
+static int build(model *m, registry *reg, k3rt_stream *s, k3rt_error *err)
+{
+    return build_with(m, reg, s, "standard", "{}", err);
+}
+
+static void check_gradients(const char *residual, const char *residual_config)
 {
     registry reg;
     k3rt_error err = {0};
@@ -41,7 +49,7 @@ START_TEST(every_gradient_matches_finite_differences)
     }
     k3rt_stream *s = tu_cpu_stream(1);
     model m;
-    TU_OK(build(&m, &reg, s, &err), err);
+    TU_OK(build_with(&m, &reg, s, residual, residual_config, &err), err);
     TU_OK(model_set_shape(&m, B, T, &err), err);
     int32_t tok[B * T], tgt[B * T];
     for (int i = 0; i < B * T; i++) {
@@ -49,11 +57,13 @@ START_TEST(every_gradient_matches_finite_differences)
         tgt[i] = (i * 5 + 1) % 11;
     }
     tgt[4] = -1;  /* an ignored target */
-    /* Norm gains start at 1: move them so their gradients are generic. */
+    /* Norm gains start at 1 and AttnRes queries at 0: move them so their gradients are
+     * generic. */
     k3rt_rng rng;
     k3rt_rng_seed(&rng, 3, 0);
     for (int i = 0; i < m.n_params; i++)
-        if (m.params[i].decl.role == K3RT_ROLE_NORM_GAIN)
+        if (m.params[i].decl.role == K3RT_ROLE_NORM_GAIN ||
+            m.params[i].decl.role == K3RT_ROLE_VECTOR)
             for (int64_t k = 0; k < m.params[i].numel; k++)
                 ((double *)m.params[i].param.data)[k] += 0.2 * k3rt_rng_normal(&rng);
     model_zero_grads(&m);
@@ -86,12 +96,31 @@ START_TEST(every_gradient_matches_finite_differences)
             }
         }
     }
-    ck_assert_msg(worst < 1e-6, "worst relative error %.3g at %s (%d entries)", worst, where,
-                  checked);
+    ck_assert_msg(worst < 1e-6, "%s: worst relative error %.3g at %s (%d entries)", residual,
+                  worst, where, checked);
     ck_assert_int_gt(checked, 60);
     model_free(&m);
     k3rt_stream_destroy(s);
     registry_free(&reg);
+}
+
+START_TEST(every_gradient_matches_finite_differences)
+{
+    check_gradients("standard", "{}");
+}
+END_TEST
+
+START_TEST(every_gradient_with_block_attnres)
+{
+    registry reg;
+    k3rt_error err = {0};
+    TU_OK(registry_init(&reg, NULL, &err), err);
+    int have = registry_find(&reg, "block_attnres", 0) != NULL;
+    registry_free(&reg);
+    if (!have)
+        return;
+    check_gradients("block_attnres", "{\"block_layers\": 1}");
+    check_gradients("block_attnres", "{\"full\": true}");
 }
 END_TEST
 
@@ -133,6 +162,7 @@ int main(void)
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("model");
     tcase_add_test(tc, every_gradient_matches_finite_differences);
+    tcase_add_test(tc, every_gradient_with_block_attnres);
     tcase_add_test(tc, names_roles_and_counts);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
