@@ -29,8 +29,15 @@ int cuda_event_create(int device, void **native, k3rt_error *err);
 void cuda_event_destroy(void *native);
 int cuda_event_record(void *event, void *stream, k3rt_error *err);
 int cuda_stream_wait(void *stream, void *event, k3rt_error *err);
+/* Device memory through the caching allocator (core/backend/cuda/alloc.cu). */
 void *cuda_alloc(int device, size_t bytes, k3rt_error *err);
 void cuda_free(int device, void *ptr);
+/* Gives the device's cached free blocks back to the driver (synchronises the device). */
+int cuda_cache_release(int device, k3rt_error *err);
+/* Bytes handed out and bytes held on free lists (both rounded to size classes). */
+void cuda_cache_stats(int device, size_t *in_use, size_t *cached);
+void *cuda_alloc_pinned(size_t bytes, k3rt_error *err);
+void cuda_free_pinned(void *ptr);
 /* Copies in any direction; kind is derived from the two devices. */
 int cuda_memcpy(void *stream, void *dst, int dst_device, const void *src, int src_device,
                 size_t bytes, k3rt_error *err);

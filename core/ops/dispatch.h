@@ -1,13 +1,33 @@
-/* Dispatch of a public op to its CPU kernel by dtype (f32 / f64). CUDA kernels arrive with the
- * CUDA backend; until an op has one, a CUDA stream gets an error naming the op. */
+/* Dispatch of a public op: a CUDA stream goes to the op's CUDA kernel (ops/cuda_ops.h), a CPU
+ * stream to its CPU kernel by dtype (f32 / f64). A build without CUDA answers a CUDA stream
+ * with an error naming the op. */
 #ifndef K3RT_OPS_DISPATCH_H
 #define K3RT_OPS_DISPATCH_H
 
 #include <k3rt/ops.h>
 #include "ops/cpu_ops.h"
+#ifdef K3RT_HAVE_CUDA
+#include "ops/cuda_ops.h"
+#endif
 
 int ops_no_cuda_kernel(k3rt_error *err, const char *op);
 int ops_bad_dtype(k3rt_error *err, const char *op, int dtype);
+
+/* Returns CUDA_EXPR (a cuda_* call) when s is a CUDA stream; the expression is not compiled
+ * without the toolkit. */
+#ifdef K3RT_HAVE_CUDA
+#define OPS_ON_CUDA(s, opname, CUDA_EXPR)                                  \
+    do {                                                                   \
+        if (k3rt_stream_device(s) != K3RT_DEVICE_CPU)                      \
+            return (CUDA_EXPR);                                            \
+    } while (0)
+#else
+#define OPS_ON_CUDA(s, opname, CUDA_EXPR)                                  \
+    do {                                                                   \
+        if (k3rt_stream_device(s) != K3RT_DEVICE_CPU)                      \
+            return ops_no_cuda_kernel(err, opname);                        \
+    } while (0)
+#endif
 
 /* CALL(SUF, REAL, THREADS) expands to the kernel call for one instantiation. */
 #define OPS_DISPATCH(s, dtype, opname, CALL)                               \

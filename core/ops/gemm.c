@@ -1,4 +1,5 @@
-/* GEMM and linear layers on the CPU through OpenBLAS (cblas, OpenMP build). */
+/* GEMM and linear layers on the CPU through OpenBLAS (cblas, OpenMP build); CUDA streams go
+ * to core/ops/cuda (cuBLASLt). */
 #include "ops/dispatch.h"
 
 #include <cblas.h>
@@ -81,6 +82,8 @@ int k3rt_gemm(k3rt_stream *s, int dtype, int trans_a, int trans_b, int64_t m, in
               int64_t k, double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
               double beta, void *c, int64_t ldc, k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "gemm", cuda_gemm(s, dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
+                                     beta, c, ldc, err));
     K3RT_TRY(check_cpu_float(s, dtype, "gemm", err));
     gemm_split(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
                k3rt_stream_threads(s));
@@ -93,6 +96,10 @@ int k3rt_gemm_strided_batched(k3rt_stream *s, int dtype, int trans_a, int trans_
                               double beta, void *c, int64_t ldc, int64_t stride_c,
                               int64_t batch, k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "gemm_strided_batched",
+                cuda_gemm_strided_batched(s, dtype, trans_a, trans_b, m, n, k, alpha, a, lda,
+                                          stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+                                          batch, err));
     K3RT_TRY(check_cpu_float(s, dtype, "gemm_strided_batched", err));
     size_t es = k3rt_dtype_size(dtype);
     int threads = k3rt_stream_threads(s);
@@ -108,6 +115,7 @@ int k3rt_gemm_strided_batched(k3rt_stream *s, int dtype, int trans_a, int trans_
 int k3rt_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void *w, const void *bias,
                     void *y, int64_t n, int64_t in, int64_t out, k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "linear_fwd", cuda_linear_fwd(s, dtype, x, w, bias, y, n, in, out, err));
     K3RT_TRY(check_cpu_float(s, dtype, "linear_fwd", err));
     int threads = k3rt_stream_threads(s);
     gemm_split(dtype, 0, 1, n, out, in, 1.0, x, in, w, in, 0.0, y, out, threads);
@@ -123,6 +131,8 @@ int k3rt_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void *w, con
                     void *dx, void *dw, void *db, int64_t n, int64_t in, int64_t out,
                     int accumulate_dx, k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "linear_bwd",
+                cuda_linear_bwd(s, dtype, x, w, dy, dx, dw, db, n, in, out, accumulate_dx, err));
     K3RT_TRY(check_cpu_float(s, dtype, "linear_bwd", err));
     int threads = k3rt_stream_threads(s);
     if (dx)
@@ -154,9 +164,14 @@ int k3rt_grouped_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void
                             const int64_t *offsets, int64_t groups, int64_t in, int64_t out,
                             k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "grouped_linear_fwd",
+                cuda_grouped_linear_fwd(s, dtype, x, w, y, offsets, groups, in, out, err));
     K3RT_TRY(check_cpu_float(s, dtype, "grouped_linear_fwd", err));
     K3RT_TRY(check_offsets(offsets, groups, err));
     size_t es = k3rt_dtype_size(dtype);
+    int threads = k3rt_stream_threads(s);
+    /* Experts are many small products: one per thread rather than threads per product. */
+#pragma omp parallel for num_threads(threads) if (groups > 1 && threads > 1) schedule(dynamic)
     for (int64_t g = 0; g < groups; g++) {
         int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
         gemm_one(dtype, 0, 1, rows, out, in, 1.0, (const char *)x + r0 * in * es, in,
@@ -170,9 +185,14 @@ int k3rt_grouped_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void
                             int64_t groups, int64_t in, int64_t out, int accumulate_dx,
                             k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "grouped_linear_bwd",
+                cuda_grouped_linear_bwd(s, dtype, x, w, dy, dx, dw, offsets, groups, in, out,
+                                        accumulate_dx, err));
     K3RT_TRY(check_cpu_float(s, dtype, "grouped_linear_bwd", err));
     K3RT_TRY(check_offsets(offsets, groups, err));
     size_t es = k3rt_dtype_size(dtype);
+    int threads = k3rt_stream_threads(s);
+#pragma omp parallel for num_threads(threads) if (groups > 1 && threads > 1) schedule(dynamic)
     for (int64_t g = 0; g < groups; g++) {
         int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
         const char *xg = (const char *)x + r0 * in * es, *dyg = (const char *)dy + r0 * out * es;

@@ -3,7 +3,12 @@
 
 int ops_no_cuda_kernel(k3rt_error *err, const char *op)
 {
+#ifdef K3RT_HAVE_CUDA
     return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "op %s has no CUDA kernel in this build", op);
+#else
+    return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "op %s on a CUDA stream: this k3rt was built "
+                     "without CUDA (no CUDA toolkit found at configure time)", op);
+#endif
 }
 
 int ops_bad_dtype(k3rt_error *err, const char *op, int dtype)
@@ -15,6 +20,7 @@ int ops_bad_dtype(k3rt_error *err, const char *op, int dtype)
 int k3rt_rmsnorm_fwd(k3rt_stream *s, int dtype, const void *x, const void *gain, void *y,
                      void *rstd, int64_t n, int64_t d, double eps, k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "rmsnorm_fwd", cuda_rmsnorm_fwd(s, dtype, x, gain, y, rstd, n, d, eps, err));
 #define CALL(S, R, NT) \
     cpu_rmsnorm_fwd_##S((const R *)x, (const R *)gain, (R *)y, (R *)rstd, n, d, eps, NT)
     OPS_DISPATCH(s, dtype, "rmsnorm_fwd", CALL);
@@ -25,6 +31,9 @@ int k3rt_rmsnorm_bwd(k3rt_stream *s, int dtype, const void *x, const void *gain,
                      const void *rstd, const void *dy, void *dx, void *dgain, int64_t n,
                      int64_t d, int accumulate_dx, k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "rmsnorm_bwd",
+                cuda_rmsnorm_bwd(s, dtype, x, gain, rstd, dy, dx, dgain, n, d, accumulate_dx,
+                                 err));
 #define CALL(S, R, NT)                                                                       \
     cpu_rmsnorm_bwd_##S((const R *)x, (const R *)gain, (const R *)rstd, (const R *)dy,       \
                         (R *)dx, (R *)dgain, n, d, accumulate_dx, NT)
@@ -45,8 +54,9 @@ static int check_tokens(const int32_t *tokens, int64_t n, int64_t vocab, k3rt_er
 int k3rt_embedding_fwd(k3rt_stream *s, int dtype, const void *table, const int32_t *tokens,
                        void *out, int64_t n, int64_t vocab, int64_t d, k3rt_error *err)
 {
-    if (k3rt_stream_device(s) == K3RT_DEVICE_CPU)
-        K3RT_TRY(check_tokens(tokens, n, vocab, err));
+    OPS_ON_CUDA(s, "embedding_fwd",
+                cuda_embedding_fwd(s, dtype, table, tokens, out, n, vocab, d, err));
+    K3RT_TRY(check_tokens(tokens, n, vocab, err));
 #define CALL(S, R, NT) cpu_embedding_fwd_##S((const R *)table, tokens, (R *)out, n, d, NT)
     OPS_DISPATCH(s, dtype, "embedding_fwd", CALL);
 #undef CALL
@@ -55,8 +65,9 @@ int k3rt_embedding_fwd(k3rt_stream *s, int dtype, const void *table, const int32
 int k3rt_embedding_bwd(k3rt_stream *s, int dtype, const int32_t *tokens, const void *dout,
                        void *dtable, int64_t n, int64_t vocab, int64_t d, k3rt_error *err)
 {
-    if (k3rt_stream_device(s) == K3RT_DEVICE_CPU)
-        K3RT_TRY(check_tokens(tokens, n, vocab, err));
+    OPS_ON_CUDA(s, "embedding_bwd",
+                cuda_embedding_bwd(s, dtype, tokens, dout, dtable, n, vocab, d, err));
+    K3RT_TRY(check_tokens(tokens, n, vocab, err));
 #define CALL(S, R, NT) cpu_embedding_bwd_##S(tokens, (const R *)dout, (R *)dtable, n, d, NT)
     OPS_DISPATCH(s, dtype, "embedding_bwd", CALL);
 #undef CALL
@@ -75,8 +86,8 @@ static int check_targets(const int32_t *targets, int64_t n, int64_t v, k3rt_erro
 int k3rt_xent_fwd(k3rt_stream *s, int dtype, const void *logits, const int32_t *targets,
                   void *loss, void *lse, int64_t n, int64_t v, k3rt_error *err)
 {
-    if (k3rt_stream_device(s) == K3RT_DEVICE_CPU)
-        K3RT_TRY(check_targets(targets, n, v, err));
+    OPS_ON_CUDA(s, "xent_fwd", cuda_xent_fwd(s, dtype, logits, targets, loss, lse, n, v, err));
+    K3RT_TRY(check_targets(targets, n, v, err));
 #define CALL(S, R, NT) \
     cpu_xent_fwd_##S((const R *)logits, targets, (R *)loss, (R *)lse, n, v, NT)
     OPS_DISPATCH(s, dtype, "xent_fwd", CALL);
@@ -87,8 +98,9 @@ int k3rt_xent_bwd(k3rt_stream *s, int dtype, const void *logits, const int32_t *
                   const void *lse, double scale, void *dlogits, int64_t n, int64_t v,
                   k3rt_error *err)
 {
-    if (k3rt_stream_device(s) == K3RT_DEVICE_CPU)
-        K3RT_TRY(check_targets(targets, n, v, err));
+    OPS_ON_CUDA(s, "xent_bwd",
+                cuda_xent_bwd(s, dtype, logits, targets, lse, scale, dlogits, n, v, err));
+    K3RT_TRY(check_targets(targets, n, v, err));
 #define CALL(S, R, NT) \
     cpu_xent_bwd_##S((const R *)logits, targets, (const R *)lse, scale, (R *)dlogits, n, v, NT)
     OPS_DISPATCH(s, dtype, "xent_bwd", CALL);
@@ -106,6 +118,7 @@ int k3rt_act_fwd(k3rt_stream *s, int dtype, int act, const void *x, void *y, int
                  k3rt_error *err)
 {
     K3RT_TRY(check_act(act, err));
+    OPS_ON_CUDA(s, "act_fwd", cuda_act_fwd(s, dtype, act, x, y, n, err));
 #define CALL(S, R, NT) cpu_act_fwd_##S(act, (const R *)x, (R *)y, n, NT)
     OPS_DISPATCH(s, dtype, "act_fwd", CALL);
 #undef CALL
@@ -115,6 +128,7 @@ int k3rt_act_bwd(k3rt_stream *s, int dtype, int act, const void *x, const void *
                  int64_t n, int accumulate_dx, k3rt_error *err)
 {
     K3RT_TRY(check_act(act, err));
+    OPS_ON_CUDA(s, "act_bwd", cuda_act_bwd(s, dtype, act, x, dy, dx, n, accumulate_dx, err));
 #define CALL(S, R, NT) \
     cpu_act_bwd_##S(act, (const R *)x, (const R *)dy, (R *)dx, n, accumulate_dx, NT)
     OPS_DISPATCH(s, dtype, "act_bwd", CALL);
@@ -135,6 +149,7 @@ int k3rt_glu_fwd(k3rt_stream *s, int dtype, int glu, const void *gate, const voi
                  void *out, int64_t n, double beta1, double beta2, k3rt_error *err)
 {
     K3RT_TRY(check_glu(glu, beta1, beta2, err));
+    OPS_ON_CUDA(s, "glu_fwd", cuda_glu_fwd(s, dtype, glu, gate, up, out, n, beta1, beta2, err));
 #define CALL(S, R, NT) \
     cpu_glu_fwd_##S(glu, (const R *)gate, (const R *)up, (R *)out, n, beta1, beta2, NT)
     OPS_DISPATCH(s, dtype, "glu_fwd", CALL);
@@ -146,6 +161,8 @@ int k3rt_glu_bwd(k3rt_stream *s, int dtype, int glu, const void *gate, const voi
                  double beta2, k3rt_error *err)
 {
     K3RT_TRY(check_glu(glu, beta1, beta2, err));
+    OPS_ON_CUDA(s, "glu_bwd",
+                cuda_glu_bwd(s, dtype, glu, gate, up, dout, dgate, dup, n, beta1, beta2, err));
 #define CALL(S, R, NT)                                                                    \
     cpu_glu_bwd_##S(glu, (const R *)gate, (const R *)up, (const R *)dout, (R *)dgate,     \
                     (R *)dup, n, beta1, beta2, NT)
@@ -156,6 +173,7 @@ int k3rt_glu_bwd(k3rt_stream *s, int dtype, int glu, const void *gate, const voi
 int k3rt_axpby(k3rt_stream *s, int dtype, int64_t n, double alpha, const void *x, double beta,
                void *y, k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "axpby", cuda_axpby(s, dtype, n, alpha, x, beta, y, err));
 #define CALL(S, R, NT) cpu_axpby_##S(n, alpha, (const R *)x, beta, (R *)y, NT)
     OPS_DISPATCH(s, dtype, "axpby", CALL);
 #undef CALL
@@ -164,6 +182,7 @@ int k3rt_axpby(k3rt_stream *s, int dtype, int64_t n, double alpha, const void *x
 int k3rt_mul(k3rt_stream *s, int dtype, int64_t n, const void *a, const void *b, void *out,
              k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "mul", cuda_mul(s, dtype, n, a, b, out, err));
 #define CALL(S, R, NT) cpu_mul_##S(n, (const R *)a, (const R *)b, (R *)out, NT)
     OPS_DISPATCH(s, dtype, "mul", CALL);
 #undef CALL
@@ -171,6 +190,7 @@ int k3rt_mul(k3rt_stream *s, int dtype, int64_t n, const void *a, const void *b,
 
 int k3rt_fill(k3rt_stream *s, int dtype, void *x, int64_t n, double value, k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "fill", cuda_fill(s, dtype, x, n, value, err));
 #define CALL(S, R, NT) cpu_fill_##S((R *)x, n, value, NT)
     OPS_DISPATCH(s, dtype, "fill", CALL);
 #undef CALL
@@ -179,6 +199,7 @@ int k3rt_fill(k3rt_stream *s, int dtype, void *x, int64_t n, double value, k3rt_
 int k3rt_sum_squares(k3rt_stream *s, int dtype, const void *x, int64_t n, double *out,
                      k3rt_error *err)
 {
+    OPS_ON_CUDA(s, "sum_squares", cuda_sum_squares(s, dtype, x, n, out, err));
 #define CALL(S, R, NT) ((void)(NT), *out = cpu_sum_squares_##S((const R *)x, n))
     OPS_DISPATCH(s, dtype, "sum_squares", CALL);
 #undef CALL
@@ -187,8 +208,7 @@ int k3rt_sum_squares(k3rt_stream *s, int dtype, const void *x, int64_t n, double
 int k3rt_cast(k3rt_stream *s, const void *src, int src_dtype, void *dst, int dst_dtype,
               int64_t n, k3rt_error *err)
 {
-    if (k3rt_stream_device(s) != K3RT_DEVICE_CPU)
-        return ops_no_cuda_kernel(err, "cast");
+    OPS_ON_CUDA(s, "cast", cuda_cast(s, src, src_dtype, dst, dst_dtype, n, err));
     return k3rt_convert(dst, dst_dtype, src, src_dtype, n, err);
 }
 
@@ -199,6 +219,9 @@ int k3rt_adamw_step(k3rt_stream *s, int dtype, void *param, const void *grad, vo
     if (step < 1)
         return k3rt_fail(err, K3RT_ERR_INVALID, "adamw_step: step must be >= 1, got %lld",
                          (long long)step);
+    OPS_ON_CUDA(s, "adamw_step",
+                cuda_adamw_step(s, dtype, param, grad, m, v, n, lr, beta1, beta2, eps,
+                                weight_decay, step, err));
 #define CALL(S, R, NT)                                                                      \
     cpu_adamw_##S((R *)param, (const R *)grad, (R *)m, (R *)v, n, lr, beta1, beta2, eps,    \
                   weight_decay, step, NT)

@@ -113,6 +113,10 @@ void k3rt_free(int device, void *ptr)
         free(ptr);
 }
 
+void *k3rt_alloc_pinned(size_t bytes, k3rt_error *err) { return cuda_alloc_pinned(bytes, err); }
+
+void k3rt_free_pinned(void *ptr) { cuda_free_pinned(ptr); }
+
 int k3rt_memcpy(k3rt_stream *s, void *dst, int dst_device, const void *src, int src_device,
                 size_t bytes, k3rt_error *err)
 {

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "train/checkpoint.h"
-#include "train/safetensors.h"
+#include "train/train_internal.h"
 #include "util/fs.h"
 
 int ckpt_model_open(ckpt_model *c, const char *path, const char *plugin_path, int threads,
@@ -34,27 +34,13 @@ int ckpt_model_open(ckpt_model *c, const char *path, const char *plugin_path, in
     int rc = model_build(&c->m, model_doc, &c->reg, &mo, err);
     json_decref(model_doc);
     K3RT_TRY(rc);
+    /* The weights and every plugin state the forward depends on (a balancer's selection
+     * bias changes the routing). */
     char file[1300];
-    st_file *f;
-    K3RT_TRY(st_open(fs_join(file, sizeof file, c->dir, "model.safetensors"), &f, err));
-    for (int i = 0; i < c->m.n_params && !rc; i++) {
-        const param_slot *p = &c->m.params[i];
-        const st_entry *e = st_find(f, p->name);
-        if (!e) {
-            rc = k3rt_fail(err, K3RT_ERR_FORMAT, "%s: missing parameter %s", file, p->name);
-            break;
-        }
-        int same = e->ndim == p->param.ndim;
-        for (int k = 0; same && k < e->ndim; k++)
-            same = e->shape[k] == p->param.shape[k];
-        if (!same || !k3rt_dtype_is_float(e->dtype))
-            rc = k3rt_fail(err, K3RT_ERR_FORMAT, "%s: parameter %s does not match the model "
-                           "its manifest describes", file, p->name);
-        else
-            rc = k3rt_convert(p->param.data, p->param.dtype, e->data, e->dtype, p->numel, err);
-    }
-    st_close(f);
-    return rc;
+    K3RT_TRY(ckpt_load_weights(&c->m, fs_join(file, sizeof file, c->dir, "model.safetensors"),
+                               err));
+    return ckpt_load_states(&c->m, NULL, fs_join(file, sizeof file, c->dir, "state.safetensors"),
+                            err);
 }
 
 void ckpt_model_close(ckpt_model *c)

@@ -27,17 +27,17 @@ static void named_state_free(named_state *s)
     memset(s, 0, sizeof *s);
 }
 
-static int named_state_collect(rank_ctx *c, named_state *s, k3rt_error *err)
+/* opt may be NULL (a model without its optimizer, e.g. for eval and sample). */
+static int named_state_collect(model *m, module *opt, named_state *s, k3rt_error *err)
 {
-    model *m = &c->m;
-    int n = m->n_mods + 1;
+    int n = m->n_mods + (opt ? 1 : 0);
     s->sinks = calloc((size_t)n, sizeof *s->sinks);
     s->owners = calloc((size_t)n, sizeof *s->owners);
     s->prefixes = calloc((size_t)n, sizeof *s->prefixes);
     if (!s->sinks || !s->owners || !s->prefixes)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
-        module *mod = i < m->n_mods ? &m->mods[i].m : &c->opt;
+        module *mod = i < m->n_mods ? &m->mods[i].m : opt;
         s->owners[i] = mod;
         snprintf(s->prefixes[i], sizeof s->prefixes[i], "%s",
                  i < m->n_mods ? m->mods[i].prefix : "optimizer.");
@@ -86,7 +86,7 @@ static int write_state(rank_ctx *c, const char *path, k3rt_error *err)
 {
     named_state s;
     memset(&s, 0, sizeof s);
-    int rc = named_state_collect(c, &s, err);
+    int rc = named_state_collect(&c->m, &c->opt, &s, err);
     int total = 0;
     for (int i = 0; i < s.n; i++)
         total += s.sinks[i].n;
@@ -176,7 +176,7 @@ static int restore(const st_file *f, const char *file, const char *name, k3rt_te
                      k3rt_dtype_name(e->dtype), k3rt_dtype_name(dst.dtype));
 }
 
-static int load_weights(model *m, const char *path, k3rt_error *err)
+int ckpt_load_weights(model *m, const char *path, k3rt_error *err)
 {
     st_file *f;
     K3RT_TRY(st_open(path, &f, err));
@@ -191,13 +191,13 @@ static int load_weights(model *m, const char *path, k3rt_error *err)
     return rc;
 }
 
-static int load_state(rank_ctx *c, const char *path, k3rt_error *err)
+int ckpt_load_states(model *m, module *opt, const char *path, k3rt_error *err)
 {
     st_file *f;
     K3RT_TRY(st_open(path, &f, err));
     named_state s;
     memset(&s, 0, sizeof s);
-    int rc = named_state_collect(c, &s, err);
+    int rc = named_state_collect(m, opt, &s, err);
     for (int i = 0; i < s.n && !rc; i++) {
         for (int j = 0; j < s.sinks[i].n && !rc; j++) {
             char name[208];
@@ -217,9 +217,10 @@ int ckpt_load_run(rank_ctx *c, k3rt_error *err)
 {
     run *r = c->r;
     char path[1300];
-    K3RT_TRY(load_weights(&c->m, fs_join(path, sizeof path, r->resume_dir, "model.safetensors"),
-                          err));
-    K3RT_TRY(load_state(c, fs_join(path, sizeof path, r->resume_dir, "state.safetensors"), err));
+    K3RT_TRY(ckpt_load_weights(&c->m, fs_join(path, sizeof path, r->resume_dir,
+                                              "model.safetensors"), err));
+    K3RT_TRY(ckpt_load_states(&c->m, &c->opt, fs_join(path, sizeof path, r->resume_dir,
+                                                     "state.safetensors"), err));
     if (c->rank == 0 && !r->opt.quiet)
         log_info("resumed from %s (step %lld)", r->resume_dir, (long long)r->start_step);
     return K3RT_OK;

@@ -75,6 +75,10 @@ int ckpt_load_run(rank_ctx *c, k3rt_error *err);
  * weights load). */
 int ckpt_check_compatible(run *r, k3rt_error *err);
 json_t *manifest_plugins(const model *m, const module *opt);
+/* Loads a checkpoint's weights / its plugin states (opt may be NULL: the optimizer's state is
+ * then not read) into a built model. */
+int ckpt_load_weights(model *m, const char *path, k3rt_error *err);
+int ckpt_load_states(model *m, module *opt, const char *path, k3rt_error *err);
 
 /* train_eval.c: the windows of split s taken by `rank` of `ranks`; acc = {loss sum, count} */
 int eval_windows(model *m, const token_stream *s, int64_t B, int64_t T, int rank, int ranks,

@@ -23,4 +23,5 @@ return k3.recipe {
   train = { steps = 1000, warmup = 100, schedule = "cosine", seed = 1,
             eval_interval = 250, checkpoint_interval = 500, log_interval = 25 },
   data = { path = "data/tinyshakespeare.txt", tokenizer = "bytes" },
+  sample = { bytes = 500, temperature = 0.7 },
 }

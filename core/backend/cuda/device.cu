@@ -1,9 +1,11 @@
-// CUDA backend: streams, events, device memory and copies behind core/backend/backend.h.
+// CUDA backend: streams, events and copies behind core/backend/backend.h (device memory is in
+// alloc.cu, library handles and per-stream work memory in context.cu).
 // CUDA types stay inside this file; the C side sees opaque pointers.
 #include <cuda_runtime.h>
 
 extern "C" {
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 }
 
 static int cuda_fail(k3rt_error *err, cudaError_t e, const char *what)
@@ -38,7 +40,11 @@ extern "C" int cuda_stream_create(int device, void **native, k3rt_error *err)
     return K3RT_OK;
 }
 
-extern "C" void cuda_stream_destroy(void *native) { cudaStreamDestroy((cudaStream_t)native); }
+extern "C" void cuda_stream_destroy(void *native)
+{
+    cuda_ctx_forget(native);  // the ops' per-stream memory goes back to the allocator first
+    cudaStreamDestroy((cudaStream_t)native);
+}
 
 extern "C" int cuda_stream_sync(void *native, k3rt_error *err)
 {
@@ -68,25 +74,6 @@ extern "C" int cuda_stream_wait(void *stream, void *event, k3rt_error *err)
     CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0),
              "cudaStreamWaitEvent");
     return K3RT_OK;
-}
-
-extern "C" void *cuda_alloc(int device, size_t bytes, k3rt_error *err)
-{
-    void *p = nullptr;
-    cudaError_t e = cudaSetDevice(device);
-    if (e == cudaSuccess)
-        e = cudaMalloc(&p, bytes ? bytes : 1);
-    if (e != cudaSuccess) {
-        cuda_fail(err, e, "cudaMalloc");
-        return nullptr;
-    }
-    return p;
-}
-
-extern "C" void cuda_free(int device, void *ptr)
-{
-    (void)device;
-    cudaFree(ptr);
 }
 
 extern "C" int cuda_memcpy(void *stream, void *dst, int dst_device, const void *src,

@@ -52,6 +52,26 @@ void cuda_free(int device, void *ptr)
     (void)device;
     (void)ptr;
 }
+int cuda_cache_release(int device, k3rt_error *err)
+{
+    (void)device;
+    return no_cuda(err);
+}
+void cuda_cache_stats(int device, size_t *in_use, size_t *cached)
+{
+    (void)device;
+    if (in_use)
+        *in_use = 0;
+    if (cached)
+        *cached = 0;
+}
+void *cuda_alloc_pinned(size_t bytes, k3rt_error *err)
+{
+    (void)bytes;
+    no_cuda(err);
+    return 0;
+}
+void cuda_free_pinned(void *ptr) { (void)ptr; }
 int cuda_memcpy(void *stream, void *dst, int dst_device, const void *src, int src_device,
                 size_t bytes, k3rt_error *err)
 {

@@ -41,9 +41,16 @@ K3RT_API void k3rt_event_destroy(k3rt_event *e);
 K3RT_API int k3rt_event_record(k3rt_event *e, k3rt_stream *s, k3rt_error *err);
 K3RT_API int k3rt_stream_wait(k3rt_stream *s, k3rt_event *e, k3rt_error *err);
 
-/* Device memory. CUDA memory comes from the caching allocator (never managed memory). */
+/* Device memory. CUDA memory comes from the caching allocator (never managed memory): a freed
+ * block is kept for the next request of its size class and handed out again at once, so free
+ * CUDA memory only when the work using it is ordered before its next user (same stream, or
+ * after a synchronisation or event). */
 K3RT_API void *k3rt_alloc(int device, size_t bytes, k3rt_error *err);
 K3RT_API void k3rt_free(int device, void *ptr);
+/* Page-locked host memory, for asynchronous copies to and from CUDA devices. Fails in a build
+ * without CUDA or on a machine without a usable driver. */
+K3RT_API void *k3rt_alloc_pinned(size_t bytes, k3rt_error *err);
+K3RT_API void k3rt_free_pinned(void *ptr);
 K3RT_API int k3rt_memcpy(k3rt_stream *s, void *dst, int dst_device, const void *src,
                          int src_device, size_t bytes, k3rt_error *err);
 K3RT_API int k3rt_memset(k3rt_stream *s, void *dst, int device, int value, size_t bytes,

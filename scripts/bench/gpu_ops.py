@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""k3rt's CUDA ops against PyTorch, in the same run on the same GPU.
+
+Runs the C driver (bench_gpu_ops, built with the CUDA backend) and then each op it timed in
+PyTorch at the same shape, with the same method: CUDA events around every run after warm-up,
+median of the runs, random normal inputs. Prints one table:
+
+  op, shape, k3rt ms, torch ms, speed (torch ms / k3rt ms: > 1 means k3rt is faster),
+  TFLOP/s for products, and for memory-bound ops the fraction of the measured copy bandwidth
+  (the fewest bytes the op must move over its time; the copy counts bytes read plus written).
+
+Peers: torch.matmul in bf16 (the dW row compares k3rt's fp32-accumulating dW += dy^T x with a
+bf16 torch product), torch._grouped_mm for experts, F.rms_norm and F.cross_entropy with
+autograd for the backward, torch.optim.AdamW(fused=True), F.silu(g) * u, Tensor.to, and
+torch.linalg.vector_norm (fp32 accumulation, where k3rt's sum of squares accumulates fp64).
+
+  python3 scripts/bench/gpu_ops.py [--bench PATH] [--runs R] [--warmup W] [--only SUBSTRING]
+                                   [--json OUT.json]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+COPY_BW_DEFAULT = 4.2e12  # bytes/s, device-to-device copy measured on this H200 (read + write)
+BF = torch.bfloat16
+
+
+def parse_line(line):
+    out = {}
+    for part in line.split():
+        if "=" in part:
+            k, v = part.split("=", 1)
+            try:
+                out[k] = int(v)
+            except ValueError:
+                try:
+                    out[k] = float(v)
+                except ValueError:
+                    out[k] = v.strip('"')
+    return out
+
+
+def median_ms(fn, runs, warmup):
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    for i in range(runs):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    t = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    n = len(t)
+    return t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
+
+
+def randn(*shape, dtype=BF, scale=1.0):
+    return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale).to(dtype)
+
+
+def torch_case(r):
+    """Returns (callable, what) running the PyTorch peer of driver row r, or None."""
+    op = r["op"]
+    if op.startswith("linear_"):
+        n, i, o = r["n"], r["in"], r["out"]
+        x, w, dy = randn(n, i), randn(o, i, scale=0.03), randn(n, o)
+        if op == "linear_fwd":
+            return lambda: torch.matmul(x, w.t()), "x @ W^T"
+        if op == "linear_dx":
+            return lambda: torch.matmul(dy, w), "dy @ W"
+        return lambda: torch.matmul(dy.t(), x), "dy^T @ x (bf16 out)"
+    if op.startswith("grouped_"):
+        g, rows, i, o = r["groups"], r["rows"], r["in"], r["out"]
+        x, w, dy = randn(rows, i), randn(g, o, i, scale=0.03), randn(rows, o)
+        offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (rows // g)
+        gm = getattr(torch, "_grouped_mm", None)
+        if gm is None:
+            return None
+        if op == "grouped_fwd":
+            return lambda: gm(x, w.transpose(-2, -1), offs=offs), "torch._grouped_mm"
+        if op == "grouped_dx":
+            wc = w.transpose(-2, -1).contiguous().transpose(-2, -1)  # column-major W_g
+            return lambda: gm(dy, wc, offs=offs), "torch._grouped_mm"
+        return lambda: gm(dy.t(), x, offs=offs), "torch._grouped_mm (bf16 out)"
+    if op == "gemm_f32":
+        m, n, k = r["m"], r["n"], r["k"]
+        a, b = randn(m, k, dtype=torch.float32), randn(k, n, dtype=torch.float32)
+        return lambda: torch.matmul(a, b), "matmul fp32, TF32 off"
+    if op.startswith("rmsnorm_"):
+        n, d = r["n"], r["d"]
+        x = randn(n, d).requires_grad_(True)
+        g = randn(d).requires_grad_(True)
+        if op == "rmsnorm_fwd":
+            return lambda: F.rms_norm(x, (d,), g, 1e-6), "F.rms_norm"
+        y = F.rms_norm(x, (d,), g, 1e-6)
+        dy = randn(n, d)
+        return (lambda: torch.autograd.grad(y, (x, g), dy, retain_graph=True),
+                "F.rms_norm backward (dx, dgain)")
+    if op.startswith("xent_"):
+        n, v = r["n"], r["v"]
+        logits = randn(n, v, scale=2.0).requires_grad_(True)
+        t = torch.randint(0, v, (n,), device="cuda")
+        if op == "xent_fwd":
+            return lambda: F.cross_entropy(logits, t, reduction="none"), "F.cross_entropy"
+        loss = F.cross_entropy(logits, t, reduction="none")
+        gl = torch.full((n,), 1.0 / n, device="cuda", dtype=loss.dtype)
+        return (lambda: torch.autograd.grad(loss, logits, gl, retain_graph=True),
+                "F.cross_entropy backward")
+    if op.startswith("swiglu_"):
+        n = r["n"]
+        gt, up = randn(n, scale=2.0).requires_grad_(True), randn(n).requires_grad_(True)
+        if op == "swiglu_fwd":
+            return lambda: F.silu(gt) * up, "F.silu(g) * u"
+        out = F.silu(gt) * up
+        do = randn(n)
+        return lambda: torch.autograd.grad(out, (gt, up), do, retain_graph=True), "autograd"
+    if op == "cast_f32_bf16":
+        x = randn(r["n"], dtype=torch.float32)
+        return lambda: x.to(BF), "Tensor.to(bfloat16)"
+    if op == "sum_squares":
+        x = randn(r["n"], dtype=torch.float32)
+        return lambda: torch.linalg.vector_norm(x), "vector_norm (fp32 accumulate)"
+    if op == "adamw":
+        p = torch.nn.Parameter(randn(r["n"], dtype=torch.float32))
+        p.grad = randn(r["n"], dtype=torch.float32, scale=1e-2)
+        opt = torch.optim.AdamW([p], lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                fused=True)
+        return opt.step, "AdamW(fused=True).step"
+    if op == "copy":
+        a = torch.empty(int(r["bytes"]) // 8, dtype=torch.float32, device="cuda").normal_()
+        b = torch.empty_like(a)
+        return lambda: b.copy_(a), "Tensor.copy_"
+    return None
+
+
+def shape_of(r):
+    keys = [k for k in ("n", "m", "k", "in", "out", "groups", "rows", "d", "v", "size") if k in r]
+    return " ".join(f"{k}={r[k]}" for k in keys)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    build = os.environ.get("K3RT_BUILD", os.path.join(root, "build-cuda"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bench", default=os.path.join(build, "bin", "bench_gpu_ops"))
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--json", default=None, help="also write every row here")
+    a = ap.parse_args()
+
+    cmd = [a.bench, "--runs", str(a.runs), "--warmup", str(a.warmup)]
+    if a.only:
+        cmd += ["--only", a.only]
+    print("running", " ".join(cmd), flush=True)
+    env = dict(os.environ)
+    if os.environ.get("K3RT_BENCH_LD_LIBRARY_PATH"):  # k3rt's libraries, for the driver only
+        env["LD_LIBRARY_PATH"] = os.environ["K3RT_BENCH_LD_LIBRARY_PATH"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    sys.stdout.write(proc.stdout)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        sys.exit(f"bench_gpu_ops failed with status {proc.returncode}")
+    rows = [parse_line(l) for l in proc.stdout.splitlines() if l.startswith("op=")]
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    bw = COPY_BW_DEFAULT
+    for r in rows:
+        if r["op"] == "copy":
+            bw = r["bytes"] / (r["ms"] * 1e-3)
+    for r in rows:
+        case = None
+        try:
+            case = torch_case(r)
+        except Exception as e:  # a peer missing from this PyTorch: report, keep going
+            r["torch_error"] = f"{type(e).__name__}: {e}"
+        if case is not None:
+            fn, what = case
+            r["torch_what"] = what
+            try:
+                r["torch_ms"] = median_ms(fn, a.runs, a.warmup)
+            except Exception as e:
+                r["torch_error"] = f"{type(e).__name__}: {e}"
+            del fn, case
+        torch.cuda.empty_cache()
+
+    print(f"\ncopy bandwidth used for %BW: {bw / 1e12:.2f} TB/s (read + write)")
+    head = f"{'op':<14} {'shape':<34} {'k3rt ms':>9} {'torch ms':>9} {'speed':>6} " \
+           f"{'TFLOP/s':>8} {'%BW':>5}  peer"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        k = r["ms"]
+        t = r.get("torch_ms")
+        speed = f"{t / k:6.2f}" if t else "     -"
+        tf = f"{r['flops'] / (k * 1e-3) / 1e12:8.1f}" if r.get("flops") else "       -"
+        pbw = f"{100 * r['bytes'] / (k * 1e-3) / bw:5.0f}" if not r.get("flops") else "    -"
+        tms = f"{t:9.4f}" if t else "        -"
+        peer = r.get("torch_what", "") if t else r.get("torch_error", "no peer")
+        print(f"{r['op']:<14} {shape_of(r):<34} {k:9.4f} {tms} {speed} {tf} {pbw}  {peer}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"copy_bw": bw, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
