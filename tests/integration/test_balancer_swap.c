@@ -153,32 +153,6 @@ START_TEST(swap_then_resume_is_bitwise_exact)
 }
 END_TEST
 
-/* Largest relative rms difference over the tensors of two safetensors files (f32). */
-static double max_rel_diff(const char *file_a, const char *file_b)
-{
-    st_file *fa, *fb;
-    k3rt_error err = {0};
-    TU_OK(st_open(file_a, &fa, &err), err);
-    TU_OK(st_open(file_b, &fb, &err), err);
-    double worst = 0;
-    for (int i = 0; i < st_count(fa); i++) {
-        const st_entry *ea = st_at(fa, i), *eb = st_find(fb, ea->name);
-        ck_assert_ptr_nonnull(eb);
-        int64_t n = 1;
-        for (int k = 0; k < ea->ndim; k++)
-            n *= ea->shape[k];
-        const float *x = ea->data, *y = eb->data;
-        double num = 0, den = 0;
-        for (int64_t k = 0; k < n; k++) {
-            num += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
-            den += (double)x[k] * x[k];
-        }
-        worst = fmax(worst, sqrt(num / fmax(den, 1e-30)));
-    }
-    st_close(fa);
-    st_close(fb);
-    return worst;
-}
 
 /* Two data-parallel ranks (histograms summed through the local backend) train the MoE model as
  * one rank with the whole batch does. */
@@ -199,7 +173,7 @@ START_TEST(data_parallel_quantile_equals_one_rank)
     free(log);
     snprintf(fa, sizeof fa, "%s/checkpoints/step_00000003/model.safetensors", one);
     snprintf(fb, sizeof fb, "%s/checkpoints/step_00000003/model.safetensors", two);
-    double dw = max_rel_diff(fa, fb);
+    double dw = tu_safetensors_max_rel_diff(fa, fb);
     printf("dp=2 x 4 vs dp=1 x 8 with quantile balancing: weights differ by %.2e (relative "
            "rms)\n", dw);
     /* AdamW's first steps magnify rounding differences of the averaged gradients in small

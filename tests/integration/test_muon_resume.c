@@ -22,28 +22,6 @@ static int train(const char *out, const char *extra, char **log)
     return tu_run(cmd, log);
 }
 
-/* Losses by step from metrics.jsonl (index = step). Returns the last step read. */
-static int read_losses(const char *out, double *loss, int max)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    FILE *f = fopen(path, "r");
-    ck_assert_msg(f != NULL, "no %s", path);
-    char line[65536];
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        json_t *j = json_loads(line, 0, NULL);
-        ck_assert_msg(j != NULL, "bad metrics line: %s", line);
-        int64_t step = json_integer_value(json_object_get(j, "step"));
-        if (step > 0 && step < max && json_object_get(j, "loss")) {
-            loss[step] = json_real_value(json_object_get(j, "loss"));
-            n = step > n ? (int)step : n;
-        }
-        json_decref(j);
-    }
-    fclose(f);
-    return n;
-}
 
 START_TEST(dry_run_prints_the_rules)
 {
@@ -81,7 +59,7 @@ START_TEST(loss_falls)
     ck_assert_msg(rc == 0, "train failed (%d):\n%s", rc, log);
     free(log);
     double loss[64] = {0};
-    ck_assert_int_eq(read_losses(out, loss, 64), 40);
+    ck_assert_int_eq(tu_metrics_losses(out, loss, 64), 40);
     double last = (loss[36] + loss[37] + loss[38] + loss[39] + loss[40]) / 5;
     printf("per_head_muon, 40 steps of 8 x 64 tokens: loss %.4f -> %.4f\n", loss[1], last);
     ck_assert_msg(loss[1] > 5.0 && loss[1] < 6.0, "first loss %g is not near ln 256", loss[1]);
@@ -118,8 +96,8 @@ START_TEST(resume_is_bitwise_exact)
     ck_assert_msg(train(b, extra, &log) == 0, "%s", log);
     free(log);
     double la[16] = {0}, lb[16] = {0};
-    ck_assert_int_eq(read_losses(a, la, 16), 12);
-    ck_assert_int_eq(read_losses(b, lb, 16), 12);
+    ck_assert_int_eq(tu_metrics_losses(a, la, 16), 12);
+    ck_assert_int_eq(tu_metrics_losses(b, lb, 16), 12);
     for (int s = 1; s <= 12; s++)
         ck_assert_msg(memcmp(&la[s], &lb[s], sizeof(double)) == 0,
                       "step %d: straight %.17g, resumed %.17g", s, la[s], lb[s]);

@@ -21,28 +21,6 @@ static int train(const char *recipe, const char *out, const char *extra, char **
     return tu_run(cmd, log);
 }
 
-/* Losses by step from metrics.jsonl (index = step). Returns the number of steps read. */
-static int read_losses(const char *out, double *loss, int max)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    FILE *f = fopen(path, "r");
-    ck_assert_msg(f != NULL, "no %s", path);
-    char line[65536];
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        json_t *j = json_loads(line, 0, NULL);
-        ck_assert_msg(j != NULL, "bad metrics line: %s", line);
-        int64_t step = json_integer_value(json_object_get(j, "step"));
-        if (step > 0 && step < max) {
-            loss[step] = json_real_value(json_object_get(j, "loss"));
-            n = step > n ? (int)step : n;
-        }
-        json_decref(j);
-    }
-    fclose(f);
-    return n;
-}
 
 START_TEST(dense_loss_falls_within_100_steps)
 {
@@ -52,7 +30,7 @@ START_TEST(dense_loss_falls_within_100_steps)
                    "--set train.steps=100 --set train.checkpoint_interval=0 --no-sample", &log);
     ck_assert_msg(rc == 0, "train failed (%d):\n%s", rc, log);
     double loss[128] = {0};
-    ck_assert_int_eq(read_losses(out, loss, 128), 100);
+    ck_assert_int_eq(tu_metrics_losses(out, loss, 128), 100);
     double last = (loss[96] + loss[97] + loss[98] + loss[99] + loss[100]) / 5;
     ck_assert_msg(loss[1] > 5.0 && loss[1] < 6.0, "first loss %g is not near ln 256", loss[1]);
     ck_assert_msg(loss[1] - last >= 1.5, "loss fell only from %.4f to %.4f", loss[1], last);
@@ -77,39 +55,14 @@ START_TEST(resume_is_bitwise_exact)
     ck_assert_msg(train("scripts/recipes/tiny_dense.lua", b, extra, &log) == 0, "%s", log);
     free(log);
     double la[16] = {0}, lb[16] = {0};
-    ck_assert_int_eq(read_losses(a, la, 16), 12);
-    ck_assert_int_eq(read_losses(b, lb, 16), 12);
+    ck_assert_int_eq(tu_metrics_losses(a, la, 16), 12);
+    ck_assert_int_eq(tu_metrics_losses(b, lb, 16), 12);
     for (int s = 1; s <= 12; s++)
         ck_assert_msg(memcmp(&la[s], &lb[s], sizeof(double)) == 0,
                       "step %d: straight %.17g, resumed %.17g", s, la[s], lb[s]);
 }
 END_TEST
 
-static double max_rel_diff(const char *file_a, const char *file_b)
-{
-    st_file *fa, *fb;
-    k3rt_error err = {0};
-    TU_OK(st_open(file_a, &fa, &err), err);
-    TU_OK(st_open(file_b, &fb, &err), err);
-    double worst = 0;
-    for (int i = 0; i < st_count(fa); i++) {
-        const st_entry *ea = st_at(fa, i), *eb = st_find(fb, ea->name);
-        ck_assert_ptr_nonnull(eb);
-        int64_t n = 1;
-        for (int k = 0; k < ea->ndim; k++)
-            n *= ea->shape[k];
-        const float *x = ea->data, *y = eb->data;
-        double num = 0, den = 0;
-        for (int64_t k = 0; k < n; k++) {
-            num += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
-            den += (double)x[k] * x[k];
-        }
-        worst = fmax(worst, sqrt(num / fmax(den, 1e-30)));
-    }
-    st_close(fa);
-    st_close(fb);
-    return worst;
-}
 
 START_TEST(data_parallel_equals_one_rank_with_the_whole_batch)
 {
@@ -133,7 +86,7 @@ START_TEST(data_parallel_equals_one_rank_with_the_whole_batch)
     snprintf(fa, sizeof fa, "%s/checkpoints/step_00000003/model.safetensors", one);
     snprintf(fb, sizeof fb, "%s/checkpoints/step_00000003/model.safetensors", two);
     snprintf(fc, sizeof fc, "%s/checkpoints/step_00000003/model.safetensors", acc);
-    double d2 = max_rel_diff(fa, fb), d3 = max_rel_diff(fa, fc);
+    double d2 = tu_safetensors_max_rel_diff(fa, fb), d3 = tu_safetensors_max_rel_diff(fa, fc);
     ck_assert_msg(d2 < 1e-5, "dp=2 x 4 differs from dp=1 x 8 by %g (relative rms)", d2);
     ck_assert_msg(d3 < 1e-5, "accum 2 x 4 differs from 1 x 8 by %g (relative rms)", d3);
 }
@@ -163,12 +116,26 @@ START_TEST(main_job_outputs)
         fclose(f);
     }
     free(log);
-    /* k3rt sample and k3rt eval work on the checkpoint */
-    snprintf(cmd, sizeof cmd, "cd %s && %s sample %s/checkpoints --bytes 40 && %s eval "
-             "%s/checkpoints --windows 8", tu_source_dir(), tu_k3rt_bin(), out, tu_k3rt_bin(),
-             out);
+    /* k3rt sample on the final checkpoint reproduces the run's own sample (weights and the
+     * balancers' state are restored), and k3rt eval works on it. */
+    snprintf(cmd, sizeof cmd, "cd %s && %s sample %s/checkpoints", tu_source_dir(),
+             tu_k3rt_bin(), out);
     rc = tu_run(cmd, &log);
-    ck_assert_msg(rc == 0 && strstr(log, "validation loss"), "sample/eval failed:\n%s", log);
+    ck_assert_msg(rc == 0, "sample failed:\n%s", log);
+    char sample[256] = "";
+    snprintf(path, sizeof path, "%s/sample.txt", out);
+    FILE *sf = fopen(path, "r");
+    ck_assert_ptr_nonnull(sf);
+    size_t got = fread(sample, 1, sizeof sample - 1, sf);
+    fclose(sf);
+    sample[got] = '\0';
+    ck_assert_msg(got > 0 && !strncmp(log, sample, got), "k3rt sample gave\n%s\nthe run wrote\n%s",
+                  log, sample);
+    free(log);
+    snprintf(cmd, sizeof cmd, "cd %s && %s eval %s/checkpoints --windows 8", tu_source_dir(),
+             tu_k3rt_bin(), out);
+    rc = tu_run(cmd, &log);
+    ck_assert_msg(rc == 0 && strstr(log, "validation loss"), "eval failed:\n%s", log);
     free(log);
     /* an independent reader accepts the weights */
     const char *python = tu_python_with_numpy();

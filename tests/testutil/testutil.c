@@ -1,6 +1,10 @@
 /* Helpers shared by the Check suites (testutil.h). */
 #include "testutil/testutil.h"
 
+#include <jansson.h>
+
+#include "train/safetensors.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,4 +123,53 @@ const char *tu_python_with_numpy(void)
             return candidates[i];
     }
     return NULL;
+}
+
+int tu_metrics_losses(const char *out, double *loss, int max)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "no %s", path);
+    char line[65536];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        ck_assert_msg(j != NULL, "bad metrics line: %s", line);
+        int64_t step = json_integer_value(json_object_get(j, "step"));
+        if (step > 0 && step < max && json_object_get(j, "loss")) {
+            loss[step] = json_real_value(json_object_get(j, "loss"));
+            n = step > n ? (int)step : n;
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    return n;
+}
+
+double tu_safetensors_max_rel_diff(const char *file_a, const char *file_b)
+{
+    st_file *fa, *fb;
+    k3rt_error err = {0};
+    TU_OK(st_open(file_a, &fa, &err), err);
+    TU_OK(st_open(file_b, &fb, &err), err);
+    double worst = 0;
+    for (int i = 0; i < st_count(fa); i++) {
+        const st_entry *ea = st_at(fa, i), *eb = st_find(fb, ea->name);
+        ck_assert_msg(eb != NULL, "%s lacks %s", file_b, ea->name);
+        ck_assert_int_eq(ea->dtype, K3RT_F32);
+        int64_t n = 1;
+        for (int k = 0; k < ea->ndim; k++)
+            n *= ea->shape[k];
+        const float *x = ea->data, *y = eb->data;
+        double num = 0, den = 0;
+        for (int64_t k = 0; k < n; k++) {
+            num += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
+            den += (double)x[k] * x[k];
+        }
+        worst = fmax(worst, sqrt(num / fmax(den, 1e-30)));
+    }
+    st_close(fa);
+    st_close(fb);
+    return worst;
 }

@@ -32,6 +32,11 @@ void tu_randn(double *x, int64_t n, double scale, uint64_t seed);
 void tu_randnf(float *x, int64_t n, double scale, uint64_t seed);
 /* A CPU stream with `threads` threads (destroyed by the caller). */
 k3rt_stream *tu_cpu_stream(int threads);
+/* Losses by step from <out>/metrics.jsonl into loss[step] (steps below max); returns the
+ * largest step read. */
+int tu_metrics_losses(const char *out, double *loss, int max);
+/* Largest relative rms difference between same-named f32 tensors of two safetensors files. */
+double tu_safetensors_max_rel_diff(const char *file_a, const char *file_b);
 /* Runs one suite and returns the process exit code. */
 int tu_run_suite(Suite *s);
 
