@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config liblua5.4-dev libjansson-dev check libsubunit-dev
-          libopenblas-openmp-dev python3 python3-numpy)
+          libopenblas-openmp-dev zlib1g-dev python3 python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

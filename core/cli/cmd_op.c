@@ -394,7 +394,7 @@ static int run_residual(op_job *j, int sublayer, k3rt_error *err)
     return rc;
 }
 
-static int load_config(const char *text, json_t **out, k3rt_error *err)
+int cli_load_config(const char *text, json_t **out, k3rt_error *err)
 {
     json_error_t je;
     char *buf = NULL;
@@ -433,7 +433,7 @@ static int op_main(const char *target, const char *config, const char *in_path,
         rc = k3rt_fail(err, K3RT_ERR_INVALID, "k3rt op runs attention, moe and residual "
                        "plugins; %s is a %s plugin", e->desc.name, k3rt_kind_name(e->desc.kind));
     if (!rc)
-        rc = load_config(config, &cfg, err);
+        rc = cli_load_config(config, &cfg, err);
     if (!rc) {
         /* Config mistakes are reported before any file is read. */
         json_t *check = json_deep_copy(cfg);

@@ -1,5 +1,6 @@
 /* k3rt plugins: every plugin on the search path with kind, version and capabilities, and every
  * file that failed to load with the reason. */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -8,7 +9,7 @@
 #include "cli/commands.h"
 #include "plugin/registry.h"
 
-static void caps_str(uint64_t caps, char *buf, size_t len)
+void cli_caps_str(uint64_t caps, char *buf, size_t len)
 {
     static const struct {
         uint64_t bit;
@@ -32,8 +33,11 @@ static void print_options(const plugin_entry *e)
     for (uint32_t i = 0; i < e->desc.n_options; i++) {
         const k3rt_option *o =
             (const k3rt_option *)((const char *)e->desc.options + (size_t)i * e->desc.option_size);
+        /* help is the last field: entries built without it end before it */
+        const char *help =
+            e->desc.option_size >= offsetof(k3rt_option, help) + sizeof o->help ? o->help : 0;
         printf("      %-16s = %-10s %s\n", o->name, o->default_json ? o->default_json : "(required)",
-               o->help ? o->help : "");
+               help ? help : "");
     }
 }
 
@@ -66,7 +70,7 @@ int cmd_plugins(int argc, char **argv)
     for (int i = 0; i < reg.n; i++) {
         const plugin_entry *e = &reg.entries[i];
         char caps[128];
-        caps_str(e->desc.caps, caps, sizeof caps);
+        cli_caps_str(e->desc.caps, caps, sizeof caps);
         printf("%-14s %-10s %-8s %-36s %s%s\n", e->desc.name, k3rt_kind_name(e->desc.kind),
                e->desc.version ? e->desc.version : "?", caps, e->path,
                e->shadowed ? "  (shadowed by an earlier one)" : "");

@@ -2,6 +2,12 @@
 #ifndef K3RT_CLI_COMMANDS_H
 #define K3RT_CLI_COMMANDS_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+#include <k3rt/errors.h>
+
 typedef struct cli_command {
     const char *name;
     int (*run)(int argc, char **argv);  /* argv[0] is the command name */
@@ -15,5 +21,13 @@ int cmd_eval(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_op(int argc, char **argv);
 int cmd_plugins(int argc, char **argv);
+int cmd_check_plugin(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_ablate(int argc, char **argv);
+
+/* Shared by the commands: capability bits as "cpu,f64,...", and a --config JSON|@file (NULL
+ * gives {}) parsed into a JSON object. */
+void cli_caps_str(uint64_t caps, char *buf, size_t len);
+int cli_load_config(const char *text, json_t **out, k3rt_error *err);
 
 #endif

@@ -15,6 +15,9 @@ static void usage(FILE *to)
             "  sample CHECKPOINT     generate text from a checkpoint\n"
             "  op NAME|PATH          run one plugin outside a model on safetensors in/out\n"
             "  plugins               list the plugins found on the search path\n"
+            "  check-plugin PATH     conformance checks of one plugin (any kind)\n"
+            "  plan RECIPE.lua       parameters, FLOPs and memory per GPU of a recipe on N GPUs\n"
+            "  ablate SUITE.lua      train a base recipe and its variants, compare loss vs FLOPs\n"
             "\n"
             "Run 'k3rt <command> --help' for a command's options.\n");
 }

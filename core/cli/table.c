@@ -9,6 +9,9 @@ static const cli_command g_commands[] = {
     {"sample", cmd_sample},
     {"op", cmd_op},
     {"plugins", cmd_plugins},
+    {"check-plugin", cmd_check_plugin},
+    {"plan", cmd_plan},
+    {"ablate", cmd_ablate},
     {0, 0},
 };
 

@@ -85,6 +85,12 @@ typedef struct model {
                                 (training forwards only); NULL for dense layers */
 } model;
 
+/* The model's modules and parameter declarations without any parameter, gradient or
+ * activation storage: what `k3rt plan` sizes a model by (counts, FLOPs, plugin byte counts)
+ * without allocating it. Only model_param_counts, model_flops, model_act_bytes, the module
+ * calls that need no tensors and model_free may be used on it. */
+int model_declare(model *m, const json_t *model_doc, registry *reg, const model_options *opt,
+                  k3rt_error *err);
 /* Builds from the "model" section of a validated recipe document (recipe.h). Plugins named
  * by specs are resolved in reg. Parameters are allocated and initialised (seeded by name). */
 int model_build(model *m, const json_t *model_doc, registry *reg, const model_options *opt,
@@ -96,6 +102,9 @@ int model_resolve_spec(registry *reg, const json_t *spec, int kind, const char *
 
 /* Sizes the activation arena for micro-batches of B x T (reallocates when it grows). */
 int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err);
+/* Bytes model_set_shape would allocate for micro-batches of B x T (modules' saved
+ * activations, the largest workspace, the model's own buffers), without allocating them. */
+int model_act_bytes(model *m, int64_t B, int64_t T, int64_t *bytes, k3rt_error *err);
 /* Zeroes every gradient. */
 void model_zero_grads(model *m);
 /* Zeroes the per-layer routing counters (start of an optimizer step). */
@@ -122,6 +131,8 @@ int model_flops(model *m, int64_t B, int64_t T, double *forward, double *backwar
 /* Parameter counts: total; active per token (routed experts count top_k of experts, the
  * embedding lookup does not count, the head does). */
 void model_param_counts(const model *m, int64_t *total, int64_t *active);
+/* The share of parameter i that model_param_counts counts as active. */
+int64_t model_param_active(const model *m, int i);
 
 /* The balancer of a layer can be replaced mid-run (a recipe change or on_step). */
 int model_set_balancer(model *m, const json_t *spec, registry *reg, k3rt_error *err);

@@ -30,9 +30,10 @@ static void *take(planner *p, size_t bytes)
     return r;
 }
 
-static void layout(const model *m, model_acts *a, planner *p, int64_t saved, int64_t ws)
+static void layout(const model *m, model_acts *a, planner *p, int64_t N, int64_t saved,
+                   int64_t ws)
 {
-    int64_t N = m->B * m->T, S = 2 * (int64_t)m->n_layers;
+    int64_t S = 2 * (int64_t)m->n_layers;
     size_t e = m->elem, row = (size_t)m->d * e;
     a->tokens = take(p, (size_t)N * 4);
     a->targets = take(p, (size_t)N * 4);
@@ -82,6 +83,50 @@ static int64_t head_chunk(const model *m, int64_t n)
     return rows < n ? rows : n;
 }
 
+/* The modules' saved regions back to back and the largest workspace for B x T; with
+ * `place`, each module also records its region. */
+static int module_bytes(model *m, int64_t B, int64_t T, int place, int64_t *saved, int64_t *ws,
+                        k3rt_error *err)
+{
+    *saved = *ws = 0;
+    for (int i = 0; i < m->n_mods; i++) {
+        model_module *mm = &m->mods[i];
+        k3rt_memory mem;
+        if (mm->kind == K3RT_KIND_BALANCER || mm->kind == K3RT_KIND_OPTIMIZER)
+            continue;
+        K3RT_TRY(module_memory(&mm->m, B, T, &mem, err));
+        if (place) {
+            mm->saved_offset = *saved;
+            mm->saved_bytes = mem.saved_bytes;
+            mm->workspace_bytes = mem.workspace_bytes;
+        }
+        *saved += (mem.saved_bytes + 63) & ~(int64_t)63;
+        if (mem.workspace_bytes > *ws)
+            *ws = mem.workspace_bytes;
+    }
+    return K3RT_OK;
+}
+
+int model_act_bytes(model *m, int64_t B, int64_t T, int64_t *bytes, k3rt_error *err)
+{
+    if (B < 1 || T < 1)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "model: batch %lld x sequence %lld",
+                         (long long)B, (long long)T);
+    int64_t saved, ws;
+    K3RT_TRY(module_bytes(m, B, T, 0, &saved, &ws, err));
+    model_acts a;
+    memset(&a, 0, sizeof a);
+    a.d_scores = calloc((size_t)m->n_layers, sizeof *a.d_scores);
+    if (!a.d_scores)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
+    a.chunk = head_chunk(m, B * T);
+    planner p = {NULL, 0};
+    layout(m, &a, &p, B * T, saved, ws);
+    free(a.d_scores);
+    *bytes = (int64_t)p.at;
+    return K3RT_OK;
+}
+
 int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err)
 {
     if (B == m->B && T == m->T && m->a)
@@ -90,22 +135,8 @@ int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_INVALID, "model: batch %lld x sequence %lld",
                          (long long)B, (long long)T);
     model_free_acts(m);
-    m->B = B;
-    m->T = T;
-    int64_t N = B * T, saved = 0, ws = 0;
-    for (int i = 0; i < m->n_mods; i++) {
-        model_module *mm = &m->mods[i];
-        k3rt_memory mem;
-        if (mm->kind == K3RT_KIND_BALANCER || mm->kind == K3RT_KIND_OPTIMIZER)
-            continue;
-        K3RT_TRY(module_memory(&mm->m, B, T, &mem, err));
-        mm->saved_offset = saved;
-        mm->saved_bytes = mem.saved_bytes;
-        mm->workspace_bytes = mem.workspace_bytes;
-        saved += (mem.saved_bytes + 63) & ~(int64_t)63;
-        if (mem.workspace_bytes > ws)
-            ws = mem.workspace_bytes;
-    }
+    int64_t N = B * T, saved, ws;
+    K3RT_TRY(module_bytes(m, B, T, 1, &saved, &ws, err));
     m->a = calloc(1, sizeof *m->a);
     if (m->a) {
         m->a->routing = calloc((size_t)m->n_layers, sizeof *m->a->routing);
@@ -117,7 +148,7 @@ int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err)
     }
     m->a->chunk = head_chunk(m, N);
     planner p = {NULL, 0};
-    layout(m, m->a, &p, saved, ws);
+    layout(m, m->a, &p, N, saved, ws);
     m->act = k3rt_alloc(m->opt.device, p.at, err);
     if (!m->act) {
         model_free_acts(m);
@@ -128,6 +159,6 @@ int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err)
     m->act_bytes = p.at;
     p.base = m->act;
     p.at = 0;
-    layout(m, m->a, &p, saved, ws);
+    layout(m, m->a, &p, N, saved, ws);
     return K3RT_OK;
 }

@@ -252,7 +252,6 @@ static int allocate_params(model *m, k3rt_error *err)
     int64_t total = 0;
     for (int i = 0; i < m->n_params; i++) {
         param_slot *p = &m->params[i];
-        p->decl.name = p->name;
         p->offset = total;
         /* Align each parameter to 16 elements so vector loads never straddle two. */
         total += (p->numel + 15) & ~(int64_t)15;
@@ -359,8 +358,8 @@ void model_reset_routed(model *m)
             memset(m->routed[i], 0, (size_t)m->layers[i].experts * sizeof(int64_t));
 }
 
-int model_build(model *m, const json_t *doc, registry *reg, const model_options *opt,
-                k3rt_error *err)
+int model_declare(model *m, const json_t *doc, registry *reg, const model_options *opt,
+                  k3rt_error *err)
 {
     memset(m, 0, sizeof *m);
     m->opt = *opt;
@@ -383,8 +382,18 @@ int model_build(model *m, const json_t *doc, registry *reg, const model_options 
         rc = model_set_balancer(m, json_object_get(doc, "balancer"), reg, err);
     if (!rc)
         rc = collect_params(m, err);
-    if (!rc)
-        rc = allocate_params(m, err);
+    for (int i = 0; !rc && i < m->n_params; i++)
+        m->params[i].decl.name = m->params[i].name;  /* the array no longer moves */
+    if (rc)
+        model_free(m);
+    return rc;
+}
+
+int model_build(model *m, const json_t *doc, registry *reg, const model_options *opt,
+                k3rt_error *err)
+{
+    K3RT_TRY(model_declare(m, doc, reg, opt, err));
+    int rc = allocate_params(m, err);
     if (!rc)
         rc = init_params(m, err);
     if (!rc)
@@ -428,20 +437,24 @@ void model_zero_grads(model *m)
                 NULL);
 }
 
+int64_t model_param_active(const model *m, int i)
+{
+    const param_slot *p = &m->params[i];
+    if (p->decl.role == K3RT_ROLE_EMBEDDING)
+        return 0;  /* a lookup, not a matrix product */
+    if (p->decl.role == K3RT_ROLE_EXPERT_MATRIX && p->module >= 0) {
+        const model_layer *L = &m->layers[m->mods[p->module].layer];
+        return p->numel / p->decl.experts * L->top_k;
+    }
+    return p->numel;
+}
+
 void model_param_counts(const model *m, int64_t *total, int64_t *active)
 {
     int64_t t = 0, a = 0;
     for (int i = 0; i < m->n_params; i++) {
-        const param_slot *p = &m->params[i];
-        t += p->numel;
-        if (p->decl.role == K3RT_ROLE_EMBEDDING)
-            continue;  /* a lookup, not a matrix product */
-        if (p->decl.role == K3RT_ROLE_EXPERT_MATRIX && p->module >= 0) {
-            const model_layer *L = &m->layers[m->mods[p->module].layer];
-            a += p->numel / p->decl.experts * L->top_k;
-            continue;
-        }
-        a += p->numel;
+        t += m->params[i].numel;
+        a += model_param_active(m, i);
     }
     if (total)
         *total = t;

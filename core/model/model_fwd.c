@@ -1,5 +1,6 @@
 /* The model's forward and backward passes (see model.h for the schedule). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/model_internal.h"
@@ -49,12 +50,34 @@ static int residual_mix_backward(model *m, int s, void *hs, k3rt_error *err)
     return module_fail(&r->m, r->m.e->vt.residual.mix_backward(r->m.self, &a, err), err);
 }
 
-static double sum_rows(const model *m, const void *x, int64_t n)
+/* n values of the compute dtype, wherever they live, as host doubles (waits for the stream). */
+static int to_host(model *m, const void *src, int64_t n, double *dst, k3rt_error *err)
 {
+    size_t bytes = (size_t)n * m->elem;
+    void *tmp = malloc(bytes ? bytes : 1);
+    if (!tmp)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
+    int rc = k3rt_memcpy(m->opt.stream, tmp, K3RT_DEVICE_CPU, src, m->opt.device, bytes, err);
+    if (!rc)
+        rc = k3rt_stream_sync(m->opt.stream, err);
+    if (!rc)
+        rc = k3rt_convert(dst, K3RT_F64, tmp, m->opt.dtype, n, err);
+    free(tmp);
+    return rc;
+}
+
+static int sum_rows(model *m, const void *x, int64_t n, double *sum, k3rt_error *err)
+{
+    double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
+    int rc = to_host(m, x, n, v, err);
     double s = 0;
-    for (int64_t i = 0; i < n; i++)
-        s += m->opt.dtype == K3RT_F64 ? ((const double *)x)[i] : ((const float *)x)[i];
-    return s;
+    for (int64_t i = 0; !rc && i < n; i++)
+        s += v[i];
+    free(v);
+    *sum += s;
+    return rc;
 }
 
 /* Sublayer s forward on xn -> ys. MoE layers take the balancer's bias, report routing to the
@@ -199,8 +222,7 @@ static int head_and_loss(model *m, const int32_t *targets, double grad_scale, do
                                  err));
         K3RT_TRY(k3rt_xent_fwd(st, dt, a->logits, a->targets + r0, a->row_loss, a->lse, rows, V,
                                err));
-        K3RT_TRY(k3rt_stream_sync(st, err));
-        total += sum_rows(m, a->row_loss, rows);
+        K3RT_TRY(sum_rows(m, a->row_loss, rows, &total, err));
         if (grad_scale == 0.0)
             continue;
         K3RT_TRY(k3rt_xent_bwd(st, dt, a->logits, a->targets + r0, a->lse, grad_scale,
@@ -278,10 +300,7 @@ int model_logits_at(model *m, const int32_t *tokens, int64_t pos, double *logits
         void *hn = model_row(m, a->hn, b * m->T + pos);
         K3RT_TRY(k3rt_linear_fwd(st, m->opt.dtype, hn, m->params[m->head].param.data, NULL,
                                  a->logits, 1, m->d, m->vocab, err));
-        K3RT_TRY(k3rt_stream_sync(st, err));
-        for (int64_t v = 0; v < m->vocab; v++)
-            logits[b * m->vocab + v] = m->opt.dtype == K3RT_F64 ? ((double *)a->logits)[v]
-                                                                : ((float *)a->logits)[v];
+        K3RT_TRY(to_host(m, a->logits, m->vocab, logits + b * m->vocab, err));
     }
     return K3RT_OK;
 }

@@ -12,6 +12,13 @@ static const k3rt_option *option_at(const k3rt_option *options, uint32_t size, u
     return (const k3rt_option *)((const char *)options + (size_t)i * size);
 }
 
+/* help is the entry's last field; entries of option_size bytes that end before it have none
+ * (the loader accepts them), and reading it would run into the next entry. */
+static const char *option_help(const k3rt_option *o, uint32_t size)
+{
+    return size >= offsetof(k3rt_option, help) + sizeof o->help ? o->help : NULL;
+}
+
 static const char *type_name(int type)
 {
     switch (type) {
@@ -147,9 +154,11 @@ int k3rt_options_apply(const k3rt_option *options, uint32_t n_options, uint32_t 
         const k3rt_option *o = option_at(options, option_size, i);
         if (json_object_get(cfg, o->name))
             continue;
-        if (!o->default_json)
+        if (!o->default_json) {
+            const char *help = option_help(o, option_size);
             return k3rt_fail(err, K3RT_ERR_INVALID, "%s: missing required key '%s' (%s)", what,
-                             o->name, o->help ? o->help : type_name(o->type));
+                             o->name, help ? help : type_name(o->type));
+        }
         json_error_t je;
         json_t *def = json_loads(o->default_json, JSON_DECODE_ANY, &je);
         if (!def)

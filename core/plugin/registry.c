@@ -3,6 +3,8 @@
 #include "plugin/registry.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +18,31 @@ int plugin_load_file(const char *path, plugin_entry *out, k3rt_error *err);
 #ifndef K3RT_BUILD_PLUGIN_DIR
 #define K3RT_BUILD_PLUGIN_DIR "build/plugins"
 #endif
+#ifndef K3RT_BUILD_LIB_DIR
+#define K3RT_BUILD_LIB_DIR "build/lib"
+#endif
+
+/* The plugin folders that belong to this libk3rt, found from where the library itself was
+ * loaded so that an installed tree works from any prefix: <libdir>/k3rt/plugins, and the build
+ * tree's plugins/ only when this is the build tree's library (an installed k3rt does not pick
+ * up plugins of the build it came from). Falls back to the configured paths. */
+static void own_plugin_dirs(char *install, size_t ilen, char *build, size_t blen)
+{
+    snprintf(install, ilen, "%s", K3RT_INSTALL_PLUGIN_DIR);
+    snprintf(build, blen, "%s", K3RT_BUILD_PLUGIN_DIR);
+    Dl_info info;
+    char lib[PATH_MAX], libdir[PATH_MAX], built[PATH_MAX];
+    if (!dladdr((void *)own_plugin_dirs, &info) || !info.dli_fname ||
+        !realpath(info.dli_fname, lib))
+        return;
+    fs_dirname(libdir, sizeof libdir, lib);
+    if (realpath(K3RT_BUILD_LIB_DIR, built) && !strcmp(built, libdir)) {
+        install[0] = '\0';
+        return;
+    }
+    build[0] = '\0';
+    fs_join(install, ilen, libdir, "k3rt/plugins");
+}
 
 static int push_entry(registry *r, const plugin_entry *e, k3rt_error *err)
 {
@@ -118,8 +145,12 @@ int registry_init(registry *r, const char *extra_dirs, k3rt_error *err)
     K3RT_TRY(push_entry(r, &none, err));
     K3RT_TRY(scan_list(r, extra_dirs, "--plugin-path", err));
     K3RT_TRY(scan_list(r, getenv("K3RT_PLUGIN_PATH"), "K3RT_PLUGIN_PATH", err));
-    K3RT_TRY(scan_dir(r, K3RT_INSTALL_PLUGIN_DIR, "install", err));
-    K3RT_TRY(scan_dir(r, K3RT_BUILD_PLUGIN_DIR, "build", err));
+    char install[1024], build[1024];
+    own_plugin_dirs(install, sizeof install, build, sizeof build);
+    if (install[0])
+        K3RT_TRY(scan_dir(r, install, "install", err));
+    if (build[0])
+        K3RT_TRY(scan_dir(r, build, "build", err));
     return K3RT_OK;
 }
 
@@ -188,9 +219,10 @@ int registry_not_found(const registry *r, const char *name, int kind, const char
         return k3rt_fail(err, K3RT_ERR_NOT_FOUND,
                          "%s: no %s%splugin named '%s'; did you mean '%s'?", where,
                          kind ? k3rt_kind_name(kind) : "", kind ? " " : "", name, near);
+    char install[1024], build[1024];
+    own_plugin_dirs(install, sizeof install, build, sizeof build);
     return k3rt_fail(err, K3RT_ERR_NOT_FOUND,
                      "%s: no %s%splugin named '%s' (found: %s; search path: --plugin-path, "
-                     "K3RT_PLUGIN_PATH, %s, %s)", where, kind ? k3rt_kind_name(kind) : "",
-                     kind ? " " : "", name,
-                     n ? list : "none", K3RT_INSTALL_PLUGIN_DIR, K3RT_BUILD_PLUGIN_DIR);
+                     "K3RT_PLUGIN_PATH, %s)", where, kind ? k3rt_kind_name(kind) : "",
+                     kind ? " " : "", name, n ? list : "none", install[0] ? install : build);
 }

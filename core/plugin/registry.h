@@ -34,8 +34,10 @@ typedef struct registry {
 } registry;
 
 /* Scans, in order: extra_dirs (':'-separated, from the CLI; may be NULL), K3RT_PLUGIN_PATH,
- * the install directory, the build directory. Files that fail to load are recorded in
- * failures, not fatal: a recipe that needs one of them gets its reason. */
+ * then the plugins of this libk3rt: <libdir>/k3rt/plugins beside the loaded library when
+ * installed (any prefix), the build tree's plugins/ when it is the build tree's library.
+ * Files that fail to load are recorded in failures, not fatal: a recipe that needs one of
+ * them gets its reason. */
 int registry_init(registry *r, const char *extra_dirs, k3rt_error *err);
 void registry_free(registry *r);
 /* Loads one plugin file by path (recipe `k3.plugin(path, ...)` or CLI); the same path twice

@@ -34,6 +34,9 @@ static const k3rt_option PLAN_OPTS[] = {
     {"threads", K3RT_OPT_INT, 0, "0", 0, 65536, NULL, "CPU threads (0 = all cores)"},
     {"deterministic", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,
      "bitwise reproducible kernels"},
+    {"shard_optimizer", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,
+     "fp32 master weights and optimizer states sharded across the ranks that hold the same "
+     "parameters (ZeRO-1); sizes `k3rt plan`'s memory"},
 };
 
 static const k3rt_option TRAIN_OPTS[] = {

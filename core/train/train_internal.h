@@ -52,6 +52,7 @@ typedef struct rank_ctx {
     double interval_loss;
     int64_t interval_steps, interval_tokens;
     double interval_t0;
+    double step_flops;            /* model FLOPs (forward + backward) of one optimizer step */
     int rc;
     k3rt_error err;
 } rank_ctx;

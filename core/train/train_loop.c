@@ -310,10 +310,21 @@ static json_t *number(double v) { return isfinite(v) ? json_real(v) : json_null(
 static json_t *step_record(const rank_ctx *c, int64_t step, const step_out *o)
 {
     run *r = c->r;
-    return json_pack("{s:I, s:o, s:o, s:f, s:o, s:b, s:I}", "step", (json_int_t)step, "loss",
-                     number(o->loss), "aux_loss", number(o->aux), "lr", o->lr, "grad_norm",
-                     number(o->gnorm), "skipped", o->skipped, "tokens",
-                     (json_int_t)(step * r->B * r->T * r->accum * r->dp));
+    return json_pack("{s:I, s:o, s:o, s:f, s:o, s:b, s:I, s:f}", "step", (json_int_t)step,
+                     "loss", number(o->loss), "aux_loss", number(o->aux), "lr", o->lr,
+                     "grad_norm", number(o->gnorm), "skipped", o->skipped, "tokens",
+                     (json_int_t)(step * r->B * r->T * r->accum * r->dp), "flops",
+                     (double)step * c->step_flops);
+}
+
+/* Training FLOPs of one optimizer step, from the plugins' own counts: every micro-batch of
+ * every rank (`k3rt plan` counts the same way). */
+static int count_step_flops(rank_ctx *c, k3rt_error *err)
+{
+    double f, b;
+    K3RT_TRY(model_flops(&c->m, c->r->B, c->r->T, &f, &b, err));
+    c->step_flops = (f + b) * (double)(c->r->accum * c->r->dp);
+    return K3RT_OK;
 }
 
 static int run_steps(rank_ctx *c, k3rt_error *err)
@@ -325,7 +336,9 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
         free(in), free(tg);
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     }
-    int rc = c->rank == 0 && !r->opt.quiet ? train_print_header(c, err) : K3RT_OK;
+    int rc = count_step_flops(c, err);
+    if (!rc && c->rank == 0 && !r->opt.quiet)
+        rc = train_print_header(c, err);
     c->interval_t0 = time_now();
     for (int64_t step = r->start_step + 1; step <= r->steps && !rc; step++) {
         step_out o;

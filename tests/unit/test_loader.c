@@ -1,5 +1,8 @@
 /* Plugin loader: every refusal names the file and the reason; good plugins load. */
+#include <stddef.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "plugin/registry.h"
 #include "testutil/testutil.h"
@@ -42,12 +45,50 @@ START_TEST(good_plugin_loads)
 }
 END_TEST
 
+/* A plugin built against an older minor: its instance and attention vtables end before the
+ * fields the newer header added, and its option entries before `help`. The fixture fills the
+ * fields past its struct sizes with poison functions: the host must read none of them. */
+START_TEST(older_minor_loads_with_missing_fields_null)
+{
+    const plugin_entry *e = NULL;
+    k3rt_error err = {0};
+    TU_OK(load(FIXTURES "shift_old_minor.so", &e, &err), err);
+    ck_assert_str_eq(e->desc.name, "shift");
+    ck_assert_int_eq(e->inst.struct_size, offsetof(k3rt_instance_vtable, state));
+    ck_assert_ptr_nonnull(e->inst.memory);  /* the last field it has */
+    ck_assert_ptr_null(e->inst.state);
+    ck_assert_ptr_null(e->inst.state_loaded);
+    ck_assert_ptr_null(e->inst.stats);
+    ck_assert_ptr_null(e->inst.reset_stats);
+    ck_assert_ptr_nonnull(e->vt.attention.backward);
+    ck_assert_ptr_null(e->vt.attention.state_layout);
+    ck_assert_ptr_null(e->vt.attention.decode);
+    /* Its options are read with its own stride; a message about its required option cannot
+     * quote a help text it does not have (reading one would run past the table). */
+    ck_assert_uint_lt(e->desc.option_size, sizeof(k3rt_option));
+    json_t *cfg = json_object();
+    ck_assert_int_eq(k3rt_options_apply(e->desc.options, e->desc.n_options, e->desc.option_size,
+                                        cfg, "mixer", &err), K3RT_ERR_INVALID);
+    ck_assert_str_eq(err.msg, "mixer: missing required key 'init_std' (a number)");
+    json_object_set_new(cfg, "init_std", json_real(0.5));
+    TU_OK(k3rt_options_apply(e->desc.options, e->desc.n_options, e->desc.option_size, cfg,
+                             "mixer", &err), err);
+    json_decref(cfg);
+}
+END_TEST
+
 START_TEST(refusals_name_file_and_reason)
 {
     expect_refusal(FIXTURES "no_entry.so", K3RT_ERR_ABI, "does not export k3rt_plugin_entry");
     expect_refusal(FIXTURES "wrong_major.so", K3RT_ERR_ABI, "the major version must match");
-    expect_refusal(FIXTURES "wrong_major.so", K3RT_ERR_ABI, "ABI 2.0");
-    expect_refusal(FIXTURES "newer_minor.so", K3RT_ERR_ABI, "newer than this k3rt's ABI 1.0");
+    /* both versions are named: the plugin's and the host's */
+    char want[160];
+    snprintf(want, sizeof want, "built for plugin ABI %d.%d, but this k3rt speaks ABI %d.%d",
+             K3RT_ABI_MAJOR + 1, K3RT_ABI_MINOR, K3RT_ABI_MAJOR, K3RT_ABI_MINOR);
+    expect_refusal(FIXTURES "wrong_major.so", K3RT_ERR_ABI, want);
+    snprintf(want, sizeof want, "built for plugin ABI %d.%d, newer than this k3rt's ABI %d.%d",
+             K3RT_ABI_MAJOR, K3RT_ABI_MINOR + 1, K3RT_ABI_MAJOR, K3RT_ABI_MINOR);
+    expect_refusal(FIXTURES "newer_minor.so", K3RT_ERR_ABI, want);
     expect_refusal(FIXTURES "unknown_kind.so", K3RT_ERR_ABI, "unknown plugin kind 42");
     expect_refusal(FIXTURES "not_a_library.so", K3RT_ERR_FORMAT, "not a shared object");
     expect_refusal(FIXTURES "does_not_exist.so", K3RT_ERR_NOT_FOUND, "does not exist");
@@ -93,6 +134,7 @@ int main(void)
     Suite *s = suite_create("loader");
     TCase *tc = tcase_create("loader");
     tcase_add_test(tc, good_plugin_loads);
+    tcase_add_test(tc, older_minor_loads_with_missing_fields_null);
     tcase_add_test(tc, refusals_name_file_and_reason);
     tcase_add_test(tc, builtin_none_and_unknown_names);
     tcase_add_test(tc, plugins_command_lists_and_reports_failures);

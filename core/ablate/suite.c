@@ -1,0 +1,225 @@
+/* Loading and checking an ablation suite (suite.h). */
+#include "ablate/suite.h"
+
+#include <lauxlib.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "recipe/convert.h"
+#include "recipe/sandbox.h"
+#include "recipe/schema.h"
+#include "recipe/sugar.h"
+#include "util/fs.h"
+
+typedef struct job {
+    const char *text;
+    size_t len;
+    const char *chunk;
+    raw_doc *raw;
+} job;
+
+/* The converter recognises plugin specs through the k3 sugar's tables, so the sugar is
+ * installed, over an empty registry: a suite names plugins only inside override strings. */
+static int install_sugar(lua_State *L)
+{
+    sugar_install(L, lua_touserdata(L, 1));
+    return 0;
+}
+
+static int evaluate(lua_State *L)
+{
+    job *j = lua_touserdata(L, 1);
+    if (sandbox_load(L, j->text, j->len, j->chunk) != LUA_OK)
+        return lua_error(L);
+    lua_call(L, 0, 1);
+    if (!lua_istable(L, -1))
+        sandbox_raise(L, "%s: a suite must return a table { base = \"recipe.lua\", variants = "
+                      "{ ... } }, got a %s value", j->chunk + 1, luaL_typename(L, -1));
+    convert_value(L, -1, j->raw, "suite");
+    return 0;
+}
+
+static int check_keys(const json_t *obj, const char *const *names, int n, const char *what,
+                      k3rt_error *err)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        int known = 0;
+        for (int i = 0; i < n && !known; i++)
+            known = !strcmp(key, names[i]);
+        if (!known)
+            return schema_unknown_key(what, key, names, n, err);
+    }
+    return K3RT_OK;
+}
+
+static int string_of(const json_t *obj, const char *key, const char *what, char *buf,
+                     size_t len, int required, k3rt_error *err)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (!v && !required)
+        return K3RT_OK;
+    if (!json_is_string(v) || !json_string_length(v) || json_string_length(v) >= len)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: key '%s' expects a non-empty string "
+                         "(under %zu characters), got %s", what, key, len,
+                         schema_json_kind(v));
+    snprintf(buf, len, "%s", json_string_value(v));
+    return K3RT_OK;
+}
+
+/* A list of "key.path=value" strings ({} and absent are empty). */
+static int overrides_of(const json_t *obj, const char *what, char ***out, int *n,
+                        k3rt_error *err)
+{
+    const json_t *v = json_object_get(obj, "set");
+    *out = NULL;
+    *n = 0;
+    if (!v || (json_is_object(v) && !json_object_size(v)))
+        return K3RT_OK;
+    if (!json_is_array(v))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s.set: expected a list of \"key.path=value\" "
+                         "strings, got %s", what, schema_json_kind(v));
+    *out = calloc(json_array_size(v) + 1, sizeof **out);
+    if (!*out)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    size_t i;
+    json_t *item;
+    json_array_foreach(v, i, item) {
+        const char *s = json_string_value(item);
+        if (!s || !strchr(s, '=') || *s == '=')
+            return k3rt_fail(err, K3RT_ERR_INVALID, "%s.set[%zu]: expected \"key.path=value\" "
+                             "(as for k3rt train --set), got %s%s%s", what, i + 1,
+                             s ? "\"" : schema_json_kind(item), s ? s : "", s ? "\"" : "");
+        (*out)[(*n)++] = strdup(s);
+        if (!(*out)[*n - 1])
+            return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    }
+    return K3RT_OK;
+}
+
+static int valid_name(const char *s)
+{
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '-' || *s == '_' || *s == '.'))
+            return 0;
+    return 1;
+}
+
+static int add_variant(ablate_suite *s, const json_t *v, const char *what, k3rt_error *err)
+{
+    static const char *const KEYS[] = {"name", "set"};
+    if (!json_is_object(v))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: expected a table { name = \"...\", set = "
+                         "{ ... } }, got %s", what, schema_json_kind(v));
+    K3RT_TRY(check_keys(v, KEYS, 2, what, err));
+    ablate_variant *av = &s->variants[s->n_variants++];
+    K3RT_TRY(string_of(v, "name", what, av->name, sizeof av->name, 1, err));
+    if (!valid_name(av->name) || !strcmp(av->name, ".") || !strcmp(av->name, ".."))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: name '%s' names a folder: use letters, "
+                         "digits, '-', '_' and '.'", what, av->name);
+    for (int i = 0; i < s->n_variants - 1; i++)
+        if (!strcmp(s->variants[i].name, av->name))
+            return k3rt_fail(err, K3RT_ERR_INVALID, "%s: name '%s' is used twice", what,
+                             av->name);
+    return overrides_of(v, what, &av->sets, &av->n_sets, err);
+}
+
+static int build(ablate_suite *s, const json_t *root, k3rt_error *err)
+{
+    static const char *const KEYS[] = {"name", "base", "base_name", "description", "set",
+                                       "variants"};
+    K3RT_TRY(check_keys(root, KEYS, 6, "suite", err));
+    fs_stem(s->name, sizeof s->name, s->path);
+    K3RT_TRY(string_of(root, "name", "suite", s->name, sizeof s->name, 0, err));
+    if (!valid_name(s->name))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "suite: name '%s' names a folder: use letters, "
+                         "digits, '-', '_' and '.'", s->name);
+    char base[1024], dir[1024];
+    K3RT_TRY(string_of(root, "base", "suite", base, sizeof base, 1, err));
+    if (base[0] == '/')
+        snprintf(s->base, sizeof s->base, "%s", base);
+    else
+        fs_join(s->base, sizeof s->base, fs_dirname(dir, sizeof dir, s->path), base);
+    K3RT_TRY(string_of(root, "description", "suite", s->description, sizeof s->description, 0,
+                       err));
+    K3RT_TRY(overrides_of(root, "suite", &s->sets, &s->n_sets, err));
+    const json_t *vars = json_object_get(root, "variants");
+    if (!json_is_array(vars) || !json_array_size(vars))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "suite: key 'variants' expects a non-empty list "
+                         "of { name = \"...\", set = { ... } }, got %s", schema_json_kind(vars));
+    s->variants = calloc(json_array_size(vars) + 1, sizeof *s->variants);
+    if (!s->variants)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    ablate_variant *b = &s->variants[s->n_variants++];
+    snprintf(b->name, sizeof b->name, "base");
+    K3RT_TRY(string_of(root, "base_name", "suite", b->name, sizeof b->name, 0, err));
+    if (!valid_name(b->name))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "suite: base_name '%s' names a folder: use "
+                         "letters, digits, '-', '_' and '.'", b->name);
+    size_t i;
+    json_t *v;
+    json_array_foreach(vars, i, v) {
+        char what[64];
+        snprintf(what, sizeof what, "suite.variants[%zu]", i + 1);
+        K3RT_TRY(add_variant(s, v, what, err));
+    }
+    return K3RT_OK;
+}
+
+int suite_load(const char *path, ablate_suite *s, k3rt_error *err)
+{
+    memset(s, 0, sizeof *s);
+    snprintf(s->path, sizeof s->path, "%s", path);
+    char *text;
+    size_t len;
+    K3RT_TRY(fs_read_file(path, &text, &len, err));
+    sandbox *sb = calloc(1, sizeof *sb); /* at a fixed address: the allocator points to it */
+    raw_doc raw = {0};
+    char chunk[1100];
+    snprintf(chunk, sizeof chunk, "@%s", path);
+    job j = {text, len, chunk, &raw};
+    int rc = sb ? sandbox_open(sb, NULL, path, err)
+                : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    if (!rc && len >= 4 && !memcmp(text, LUA_SIGNATURE, 4))
+        rc = k3rt_fail(err, K3RT_ERR_INVALID, "%s: is a precompiled Lua chunk; suites are "
+                       "loaded as source text only", path);
+    registry none;
+    memset(&none, 0, sizeof none);
+    sugar_ctx sugar;
+    memset(&sugar, 0, sizeof sugar);
+    sugar.reg = &none;
+    if (!rc)
+        rc = sandbox_run(sb, install_sugar, &sugar, err);
+    if (!rc)
+        rc = sandbox_run(sb, evaluate, &j, err);
+    if (!rc)
+        rc = build(s, raw.root, err);
+    if (rc && rc != K3RT_ERR_LIMIT && !strstr(err->msg, path))
+        k3rt_error_prefix(err, "%s: ", path);
+    raw_doc_free(&raw);
+    if (sb)
+        sandbox_close(sb);
+    free(sb);
+    free(text);
+    if (rc)
+        suite_free(s);
+    return rc;
+}
+
+static void free_list(char **l, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(l[i]);
+    free(l);
+}
+
+void suite_free(ablate_suite *s)
+{
+    free_list(s->sets, s->n_sets);
+    for (int i = 0; i < s->n_variants; i++)
+        free_list(s->variants[i].sets, s->variants[i].n_sets);
+    free(s->variants);
+    memset(s, 0, sizeof *s);
+}
