@@ -182,7 +182,7 @@ static void table_row(FILE *f, const variant_run *r)
     if (r->failed)
         snprintf(eff, sizeof eff, "failed: %s", r->failure);
     else if (isfinite(r->efficiency))
-        snprintf(eff, sizeof eff, "%.2f%s", r->efficiency,
+        snprintf(eff, sizeof eff, "%.3f%s", r->efficiency,
                  r->extrapolated ? " (extrapolated)" : "");
     else
         snprintf(eff, sizeof eff, "- (%s)", r->note);

@@ -22,6 +22,8 @@ struct k3rt_event {
 
 /* CUDA backend (core/backend/cuda); the no-CUDA build provides versions that fail. */
 int cuda_backend_device_count(void);
+/* The device's marketing name ("NVIDIA H200"), for the progress line and the peak table. */
+int cuda_device_name(int device, char *buf, size_t len, k3rt_error *err);
 int cuda_stream_create(int device, void **native, k3rt_error *err);
 void cuda_stream_destroy(void *native);
 int cuda_stream_sync(void *native, k3rt_error *err);

@@ -30,7 +30,10 @@ typedef struct param_slot {
     int index;              /* index within the owner's declarations */
     int64_t offset;         /* element offset into the parameter and gradient buffers */
     int64_t numel;
-    k3rt_tensor param, grad;
+    k3rt_tensor param;      /* what the plugins compute with (compute dtype) */
+    k3rt_tensor master;     /* what the optimizer updates and checkpoints hold (master dtype);
+                               the same memory as param unless the compute dtype is bf16 */
+    k3rt_tensor grad;       /* master dtype: gradients accumulate in fp32 under bf16 */
 } param_slot;
 
 typedef struct model_module {
@@ -52,7 +55,8 @@ typedef struct model_layer {
 } model_layer;
 
 typedef struct model_options {
-    int dtype;               /* K3RT_F32 or K3RT_F64 (tests) on the CPU */
+    int dtype;               /* compute dtype: K3RT_F32 or K3RT_F64 (tests) on the CPU;
+                                K3RT_F32 or K3RT_BF16 (fp32 master weights) on CUDA */
     int device;
     k3rt_stream *stream;     /* compute stream (not owned) */
     k3rt_comm *comm;         /* this rank's world communicator (not owned; may be NULL) */
@@ -72,9 +76,14 @@ typedef struct model {
     param_slot *params;
     int n_params, cap_params;
     int embed, final_norm, head;  /* parameter indices */
-    void *param_buf, *grad_buf;
+    void *param_buf, *grad_buf;  /* master weights and gradients (master dtype) */
+    void *compute_buf;       /* bf16 copies of the master weights, or NULL (same dtype) */
     int64_t total_numel;
     size_t elem;             /* bytes per element of the compute dtype */
+    int master_dtype;        /* F32 under bf16 compute, else the compute dtype */
+    size_t master_elem;
+    int stat_dtype;          /* per-row statistics (rstd, lse, loss): F32 under bf16 */
+    size_t stat_elem;
     /* activations for the current (B, T); see model_fwd.c */
     int64_t B, T;
     void *act;               /* one arena */
@@ -107,6 +116,9 @@ int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err);
 int model_act_bytes(model *m, int64_t B, int64_t T, int64_t *bytes, k3rt_error *err);
 /* Zeroes every gradient. */
 void model_zero_grads(model *m);
+/* Refreshes the compute copies of the weights from the master weights (after every optimizer
+ * step and checkpoint load; nothing to do when the two dtypes agree). */
+int model_sync_compute(model *m, k3rt_error *err);
 /* Zeroes the per-layer routing counters (start of an optimizer step). */
 void model_reset_routed(model *m);
 

@@ -246,7 +246,8 @@ static int collect_params(model *m, k3rt_error *err)
     return K3RT_OK;
 }
 
-/* One buffer for all parameters, one for all gradients; views per slot and per module. */
+/* One buffer for all master weights, one for all gradients (and one for the bf16 compute
+ * copies); views per slot and per module. */
 static int allocate_params(model *m, k3rt_error *err)
 {
     int64_t total = 0;
@@ -257,23 +258,29 @@ static int allocate_params(model *m, k3rt_error *err)
         total += (p->numel + 15) & ~(int64_t)15;
     }
     m->total_numel = total;
-    m->param_buf = k3rt_alloc(m->opt.device, (size_t)total * m->elem, err);
-    m->grad_buf = k3rt_alloc(m->opt.device, (size_t)total * m->elem, err);
-    if (!m->param_buf || !m->grad_buf)
+    size_t master_bytes = (size_t)total * m->master_elem;
+    m->param_buf = k3rt_alloc(m->opt.device, master_bytes, err);
+    m->grad_buf = m->param_buf ? k3rt_alloc(m->opt.device, master_bytes, err) : NULL;
+    if (m->grad_buf && m->opt.dtype != m->master_dtype)
+        m->compute_buf = k3rt_alloc(m->opt.device, (size_t)total * m->elem, err);
+    if (!m->param_buf || !m->grad_buf || (m->opt.dtype != m->master_dtype && !m->compute_buf))
         return err ? err->code : K3RT_ERR_NOMEM;
-    K3RT_TRY(k3rt_memset(m->opt.stream, m->param_buf, m->opt.device, 0, (size_t)total * m->elem,
-                         err));
-    K3RT_TRY(k3rt_memset(m->opt.stream, m->grad_buf, m->opt.device, 0, (size_t)total * m->elem,
-                         err));
+    K3RT_TRY(k3rt_memset(m->opt.stream, m->param_buf, m->opt.device, 0, master_bytes, err));
+    K3RT_TRY(k3rt_memset(m->opt.stream, m->grad_buf, m->opt.device, 0, master_bytes, err));
     for (int i = 0; i < m->n_params; i++) {
         param_slot *p = &m->params[i];
-        k3rt_tensor t = k3rt_tensor_view((char *)m->param_buf + p->offset * (int64_t)m->elem,
-                                         m->opt.dtype, m->opt.device, p->decl.ndim,
+        k3rt_tensor t = k3rt_tensor_view((char *)m->param_buf + p->offset * (int64_t)m->master_elem,
+                                         m->master_dtype, m->opt.device, p->decl.ndim,
                                          p->decl.shape[0], p->decl.shape[1], p->decl.shape[2],
                                          p->decl.shape[3]);
-        p->param = t;
-        t.data = (char *)m->grad_buf + p->offset * (int64_t)m->elem;
+        p->master = t;
+        t.data = (char *)m->grad_buf + p->offset * (int64_t)m->master_elem;
         p->grad = t;
+        p->param = p->master;
+        if (m->compute_buf) {
+            p->param.data = (char *)m->compute_buf + p->offset * (int64_t)m->elem;
+            p->param.dtype = m->opt.dtype;
+        }
     }
     for (int mi = 0; mi < m->n_mods; mi++) {
         model_module *mm = &m->mods[mi];
@@ -299,10 +306,10 @@ static int init_params(model *m, k3rt_error *err)
     for (int i = 0; i < m->n_params; i++) {
         param_slot *p = &m->params[i];
         module *owner = p->module >= 0 ? &m->mods[p->module].m : NULL;
-        k3rt_tensor host = p->param;
+        k3rt_tensor host = p->master;
         void *staging = NULL;
         if (m->opt.device != K3RT_DEVICE_CPU) {
-            staging = malloc((size_t)p->numel * m->elem);
+            staging = malloc((size_t)p->numel * m->master_elem);
             if (!staging)
                 return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
             host.data = staging;
@@ -310,12 +317,17 @@ static int init_params(model *m, k3rt_error *err)
         }
         int rc = param_init_values(&p->decl, host, m->opt.seed, p->name, owner, err);
         if (!rc && staging)
-            rc = k3rt_memcpy(m->opt.stream, p->param.data, m->opt.device, staging,
-                             K3RT_DEVICE_CPU, (size_t)p->numel * m->elem, err);
+            rc = k3rt_memcpy(m->opt.stream, p->master.data, m->opt.device, staging,
+                             K3RT_DEVICE_CPU, (size_t)p->numel * m->master_elem, err);
+        /* Copies from pageable memory may return before the copy is done: wait before the
+         * staging buffer goes. */
+        if (!rc && staging)
+            rc = k3rt_stream_sync(m->opt.stream, err);
         free(staging);
         if (rc)
             return rc;
     }
+    K3RT_TRY(model_sync_compute(m, err));
     return k3rt_stream_sync(m->opt.stream, err);
 }
 
@@ -365,9 +377,16 @@ int model_declare(model *m, const json_t *doc, registry *reg, const model_option
     m->opt = *opt;
     m->residual = -1;
     m->elem = k3rt_dtype_size(opt->dtype);
-    if (opt->dtype != K3RT_F32 && opt->dtype != K3RT_F64)
+    int cpu = opt->device == K3RT_DEVICE_CPU;
+    if (cpu ? opt->dtype != K3RT_F32 && opt->dtype != K3RT_F64
+            : opt->dtype != K3RT_F32 && opt->dtype != K3RT_BF16)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "model: compute dtype %s is not supported "
-                         "on this device (f32, or f64 for tests)", k3rt_dtype_name(opt->dtype));
+                         "on the %s (%s)", k3rt_dtype_name(opt->dtype), cpu ? "CPU" : "GPU",
+                         cpu ? "f32, or f64 for tests" : "bf16 or f32");
+    m->master_dtype = opt->dtype == K3RT_BF16 ? K3RT_F32 : opt->dtype;
+    m->master_elem = k3rt_dtype_size(m->master_dtype);
+    m->stat_dtype = m->master_dtype;
+    m->stat_elem = m->master_elem;
     int rc = read_scalars(m, doc, err);
     if (!rc)
         rc = create_layers(m, doc, reg, err);
@@ -420,6 +439,7 @@ void model_free(model *m)
     free(m->params);
     k3rt_free(m->opt.device, m->param_buf);
     k3rt_free(m->opt.device, m->grad_buf);
+    k3rt_free(m->opt.device, m->compute_buf);
     memset(m, 0, sizeof *m);
 }
 
@@ -433,8 +453,16 @@ int model_find_param(const model *m, const char *name)
 
 void model_zero_grads(model *m)
 {
-    k3rt_memset(m->opt.stream, m->grad_buf, m->opt.device, 0, (size_t)m->total_numel * m->elem,
-                NULL);
+    k3rt_memset(m->opt.stream, m->grad_buf, m->opt.device, 0,
+                (size_t)m->total_numel * m->master_elem, NULL);
+}
+
+int model_sync_compute(model *m, k3rt_error *err)
+{
+    if (!m->compute_buf)
+        return K3RT_OK;
+    return k3rt_cast(m->opt.stream, m->param_buf, m->master_dtype, m->compute_buf, m->opt.dtype,
+                     m->total_numel, err);
 }
 
 int64_t model_param_active(const model *m, int i)

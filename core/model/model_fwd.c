@@ -50,10 +50,11 @@ static int residual_mix_backward(model *m, int s, void *hs, k3rt_error *err)
     return module_fail(&r->m, r->m.e->vt.residual.mix_backward(r->m.self, &a, err), err);
 }
 
-/* n values of the compute dtype, wherever they live, as host doubles (waits for the stream). */
-static int to_host(model *m, const void *src, int64_t n, double *dst, k3rt_error *err)
+/* n values of dtype, wherever they live, as host doubles (waits for the stream). */
+static int to_host(model *m, const void *src, int dtype, int64_t n, double *dst,
+                   k3rt_error *err)
 {
-    size_t bytes = (size_t)n * m->elem;
+    size_t bytes = (size_t)n * k3rt_dtype_size(dtype);
     void *tmp = malloc(bytes ? bytes : 1);
     if (!tmp)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
@@ -61,7 +62,7 @@ static int to_host(model *m, const void *src, int64_t n, double *dst, k3rt_error
     if (!rc)
         rc = k3rt_stream_sync(m->opt.stream, err);
     if (!rc)
-        rc = k3rt_convert(dst, K3RT_F64, tmp, m->opt.dtype, n, err);
+        rc = k3rt_convert(dst, K3RT_F64, tmp, dtype, n, err);
     free(tmp);
     return rc;
 }
@@ -71,7 +72,7 @@ static int sum_rows(model *m, const void *x, int64_t n, double *sum, k3rt_error 
     double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
     if (!v)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
-    int rc = to_host(m, x, n, v, err);
+    int rc = to_host(m, x, m->stat_dtype, n, v, err);
     double s = 0;
     for (int64_t i = 0; !rc && i < n; i++)
         s += v[i];
@@ -187,7 +188,7 @@ static int forward_body(model *m, const int32_t *tokens, int training, double au
     m->aux_loss = 0;
     for (int s = 0; s < 2 * m->n_layers; s++) {
         void *hs = model_sub(m, a->hs, s);
-        void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->elem;
+        void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->stat_elem;
         K3RT_TRY(residual_call(m, rv->mix, s, hs, 0, err));
         K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, hs, m->params[model_sub_norm(m, s)].param.data, a->xn,
                                   rstd, N, m->d, m->norm_eps, err));
@@ -250,7 +251,7 @@ static int backward_body(model *m, k3rt_error *err)
     K3RT_TRY(residual_call(m, rv->finish_backward, 2 * m->n_layers, a->dh, 1, err));
     for (int s = 2 * m->n_layers - 1; s >= 0; s--) {
         void *hs = model_sub(m, a->hs, s);
-        void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->elem;
+        void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->stat_elem;
         const param_slot *g = &m->params[model_sub_norm(m, s)];
         K3RT_TRY(residual_call(m, rv->push_backward, s, a->dys, 1, err));
         /* The normed input is cheaper to recompute than to keep for every sublayer. */
@@ -300,7 +301,7 @@ int model_logits_at(model *m, const int32_t *tokens, int64_t pos, double *logits
         void *hn = model_row(m, a->hn, b * m->T + pos);
         K3RT_TRY(k3rt_linear_fwd(st, m->opt.dtype, hn, m->params[m->head].param.data, NULL,
                                  a->logits, 1, m->d, m->vocab, err));
-        K3RT_TRY(to_host(m, a->logits, m->vocab, logits + b * m->vocab, err));
+        K3RT_TRY(to_host(m, a->logits, m->opt.dtype, m->vocab, logits + b * m->vocab, err));
     }
     return K3RT_OK;
 }

@@ -84,17 +84,12 @@ int cuda_adamw_step(k3rt_stream *s, int dtype, void *param, const void *grad, vo
                     int64_t n, double lr, double beta1, double beta2, double eps,
                     double weight_decay, int64_t step, k3rt_error *err);
 
-/* One AdamW step over many f32 tensors with shared hyperparameters in a single launch. */
-typedef struct cuda_adamw_tensor {
-    float *param;
-    const float *grad;
-    float *m;
-    float *v;
-    int64_t n;
-} cuda_adamw_tensor;
-int cuda_adamw_step_multi(k3rt_stream *s, const cuda_adamw_tensor *tensors, int64_t count,
-                          double lr, double beta1, double beta2, double eps,
-                          double weight_decay, int64_t step, k3rt_error *err);
+/* k3rt_adamw_step_multi on f32 tensors: one launch for all of them (arguments checked by the
+ * public entry point). */
+int cuda_adamw_step_multi(k3rt_stream *s, int dtype, int64_t count, void *const *param,
+                          const void *const *grad, void *const *m, void *const *v,
+                          const int64_t *n, const double *weight_decay, double lr, double beta1,
+                          double beta2, double eps, int64_t step, k3rt_error *err);
 
 /* Reports (and clears) the first out-of-range token or target that a kernel on `device` met
  * since the last call: K3RT_ERR_INVALID naming the op, position and value, else K3RT_OK.

@@ -1,6 +1,17 @@
 /* The shared ops' public entry points (k3rt/ops.h): argument checks and dispatch. */
 #include "ops/dispatch.h"
 
+int ops_take_index_error(k3rt_stream *s, k3rt_error *err)
+{
+    if (k3rt_stream_device(s) == K3RT_DEVICE_CPU)
+        return K3RT_OK;
+#ifdef K3RT_HAVE_CUDA
+    return cuda_ops_take_index_error(k3rt_stream_device(s), err);
+#else
+    return ops_no_cuda_kernel(err, "take_index_error");
+#endif
+}
+
 int ops_no_cuda_kernel(k3rt_error *err, const char *op)
 {
 #ifdef K3RT_HAVE_CUDA
@@ -226,5 +237,44 @@ int k3rt_adamw_step(k3rt_stream *s, int dtype, void *param, const void *grad, vo
     cpu_adamw_##S((R *)param, (const R *)grad, (R *)m, (R *)v, n, lr, beta1, beta2, eps,    \
                   weight_decay, step, NT)
     OPS_DISPATCH(s, dtype, "adamw_step", CALL);
+#undef CALL
+}
+
+static int check_adamw_multi(int64_t count, void *const *param, const void *const *grad,
+                             void *const *m, void *const *v, const int64_t *n, int64_t step,
+                             k3rt_error *err)
+{
+    if (step < 1)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "adamw_step_multi: step must be >= 1, got %lld",
+                         (long long)step);
+    if (count < 0 || (count > 0 && (!param || !grad || !m || !v || !n)))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "adamw_step_multi: %lld tensors without the "
+                         "pointer and length arrays", (long long)count);
+    for (int64_t i = 0; i < count; i++) {
+        if (n[i] < 0)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "adamw_step_multi: tensor %lld has "
+                             "negative length %lld", (long long)i, (long long)n[i]);
+        if (n[i] > 0 && (!param[i] || !grad[i] || !m[i] || !v[i]))
+            return k3rt_fail(err, K3RT_ERR_INVALID, "adamw_step_multi: tensor %lld of %lld "
+                             "elements has a NULL %s pointer", (long long)i, (long long)n[i],
+                             !param[i] ? "param" : !grad[i] ? "grad" : !m[i] ? "m" : "v");
+    }
+    return K3RT_OK;
+}
+
+int k3rt_adamw_step_multi(k3rt_stream *s, int dtype, int64_t count, void *const *param,
+                          const void *const *grad, void *const *m, void *const *v,
+                          const int64_t *n, const double *weight_decay, double lr, double beta1,
+                          double beta2, double eps, int64_t step, k3rt_error *err)
+{
+    K3RT_TRY(check_adamw_multi(count, param, grad, m, v, n, step, err));
+    OPS_ON_CUDA(s, "adamw_step_multi",
+                cuda_adamw_step_multi(s, dtype, count, param, grad, m, v, n, weight_decay, lr,
+                                      beta1, beta2, eps, step, err));
+#define CALL(S, R, NT)                                                                      \
+    for (int64_t i = 0; i < count; i++)                                                     \
+        cpu_adamw_##S((R *)param[i], (const R *)grad[i], (R *)m[i], (R *)v[i], n[i], lr,     \
+                      beta1, beta2, eps, weight_decay ? weight_decay[i] : 0.0, step, NT)
+    OPS_DISPATCH(s, dtype, "adamw_step_multi", CALL);
 #undef CALL
 }

@@ -32,6 +32,8 @@ static const k3rt_option PLAN_OPTS[] = {
     {"dtype", K3RT_OPT_STRING, 0, "\"auto\"", K3RT_RANGE_ANY, "auto|f32|f64|bf16",
      "compute precision"},
     {"threads", K3RT_OPT_INT, 0, "0", 0, 65536, NULL, "CPU threads (0 = all cores)"},
+    {"peak_tflops", K3RT_OPT_FLOAT, 0, "0", 0, 1e9, NULL,
+     "the device's peak bf16 TFLOP/s for MFU (0 = k3rt's table of measured devices)"},
     {"deterministic", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,
      "bitwise reproducible kernels"},
     {"shard_optimizer", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,

@@ -62,23 +62,51 @@ json_t *manifest_plugins(const model *m, const module *opt)
     return list;
 }
 
+/* Points e at t's data, first copied to the host (into *owned, which the caller frees) when t
+ * lives on a GPU. */
+static int entry_data(st_entry *e, const k3rt_tensor *t, k3rt_stream *s, void **owned,
+                      k3rt_error *err)
+{
+    *owned = NULL;
+    e->dtype = t->dtype;
+    e->ndim = t->ndim;
+    memcpy(e->shape, t->shape, sizeof e->shape);
+    e->data = t->data;
+    if (t->device == K3RT_DEVICE_CPU)
+        return K3RT_OK;
+    size_t bytes = (size_t)k3rt_tensor_numel(t) * k3rt_dtype_size(t->dtype);
+    *owned = malloc(bytes ? bytes : 1);
+    if (!*owned)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "checkpoint: out of memory");
+    K3RT_TRY(k3rt_memcpy(s, *owned, K3RT_DEVICE_CPU, t->data, t->device, bytes, err));
+    K3RT_TRY(k3rt_stream_sync(s, err));
+    e->data = *owned;
+    return K3RT_OK;
+}
+
+static void free_owned(void **owned, int n)
+{
+    for (int i = 0; owned && i < n; i++)
+        free(owned[i]);
+    free(owned);
+}
+
+/* The master weights (fp32 under bf16 compute): what resuming and evaluation need. */
 static int write_weights(const model *m, const char *path, k3rt_error *err)
 {
     st_entry *e = calloc((size_t)m->n_params, sizeof *e);
-    if (!e)
-        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < m->n_params; i++) {
-        const param_slot *p = &m->params[i];
-        e[i].name = p->name;
-        e[i].dtype = p->param.dtype;
-        e[i].ndim = p->param.ndim;
-        memcpy(e[i].shape, p->param.shape, sizeof e[i].shape);
-        e[i].data = p->param.data;
+    void **owned = calloc((size_t)m->n_params, sizeof *owned);
+    int rc = e && owned ? K3RT_OK : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    for (int i = 0; !rc && i < m->n_params; i++) {
+        e[i].name = m->params[i].name;
+        rc = entry_data(&e[i], &m->params[i].master, m->opt.stream, &owned[i], err);
     }
     json_t *meta = json_pack("{s:s}", "format", "k3rt");
-    int rc = st_write(path, e, m->n_params, meta, err);
+    if (!rc)
+        rc = st_write(path, e, m->n_params, meta, err);
     json_decref(meta);
     free(e);
+    free_owned(owned, m->n_params);
     return rc;
 }
 
@@ -92,23 +120,22 @@ static int write_state(rank_ctx *c, const char *path, k3rt_error *err)
         total += s.sinks[i].n;
     st_entry *e = calloc((size_t)total + 1, sizeof *e);
     char (*names)[208] = calloc((size_t)total + 1, sizeof *names);
-    if (!rc && (!e || !names))
+    void **owned = calloc((size_t)total + 1, sizeof *owned);
+    if (!rc && (!e || !names || !owned))
         rc = k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     int k = 0;
     for (int i = 0; i < s.n && !rc; i++)
-        for (int j = 0; j < s.sinks[i].n; j++, k++) {
+        for (int j = 0; j < s.sinks[i].n && !rc; j++, k++) {
             const tensor_sink_item *it = &s.sinks[i].items[j];
             snprintf(names[k], sizeof names[k], "%s%s", s.prefixes[i], it->name);
             e[k].name = names[k];
-            e[k].dtype = it->t.dtype;
-            e[k].ndim = it->t.ndim;
-            memcpy(e[k].shape, it->t.shape, sizeof e[k].shape);
-            e[k].data = it->t.data;
+            rc = entry_data(&e[k], &it->t, c->stream, &owned[k], err);
         }
     if (!rc)
         rc = st_write(path, e, k, NULL, err);
     free(e);
     free(names);
+    free_owned(owned, total);
     named_state_free(&s);
     return rc;
 }
@@ -150,7 +177,7 @@ int ckpt_save_run(rank_ctx *c, int64_t step, k3rt_error *err)
 
 /* Copies a tensor from a checkpoint file into live storage after checking it fits. */
 static int restore(const st_file *f, const char *file, const char *name, k3rt_tensor dst,
-                   k3rt_error *err)
+                   k3rt_stream *s, k3rt_error *err)
 {
     const st_entry *e = st_find(f, name);
     if (!e)
@@ -167,7 +194,7 @@ static int restore(const st_file *f, const char *file, const char *name, k3rt_te
     }
     int64_t n = k3rt_tensor_numel(&dst);
     if (e->dtype == dst.dtype)
-        return k3rt_memcpy(NULL, dst.data, dst.device, e->data, K3RT_DEVICE_CPU,
+        return k3rt_memcpy(s, dst.data, dst.device, e->data, K3RT_DEVICE_CPU,
                            (size_t)n * k3rt_dtype_size(dst.dtype), err);
     if (k3rt_dtype_is_float(e->dtype) && k3rt_dtype_is_float(dst.dtype) &&
         dst.device == K3RT_DEVICE_CPU)
@@ -182,12 +209,16 @@ int ckpt_load_weights(model *m, const char *path, k3rt_error *err)
     K3RT_TRY(st_open(path, &f, err));
     int rc = K3RT_OK;
     for (int i = 0; i < m->n_params && !rc; i++)
-        rc = restore(f, path, m->params[i].name, m->params[i].param, err);
+        rc = restore(f, path, m->params[i].name, m->params[i].master, m->opt.stream, err);
     for (int i = 0; i < st_count(f) && !rc; i++)
         if (model_find_param(m, st_at(f, i)->name) < 0)
             rc = k3rt_fail(err, K3RT_ERR_FORMAT, "%s: holds parameter %s, which this model does "
                            "not have (the model shape changed)", path, st_at(f, i)->name);
     st_close(f);
+    if (!rc)
+        rc = model_sync_compute(m, err);
+    if (!rc)
+        rc = k3rt_stream_sync(m->opt.stream, err);
     return rc;
 }
 
@@ -202,8 +233,10 @@ int ckpt_load_states(model *m, module *opt, const char *path, k3rt_error *err)
         for (int j = 0; j < s.sinks[i].n && !rc; j++) {
             char name[208];
             snprintf(name, sizeof name, "%s%s", s.prefixes[i], s.sinks[i].items[j].name);
-            rc = restore(f, path, name, s.sinks[i].items[j].t, err);
+            rc = restore(f, path, name, s.sinks[i].items[j].t, m->opt.stream, err);
         }
+        if (!rc)
+            rc = k3rt_stream_sync(m->opt.stream, err);  /* the copies landed */
         if (!rc && s.owners[i]->e->inst.state_loaded)
             rc = module_fail(s.owners[i], s.owners[i]->e->inst.state_loaded(s.owners[i]->self,
                                                                            err), err);

@@ -23,6 +23,9 @@ typedef struct run {
     lr_schedule sched;
     int64_t B, T, accum;
     int dp, threads_per_rank, dtype;
+    int device;                   /* K3RT_DEVICE_CPU or the CUDA ordinal every rank runs on */
+    char device_name[128];        /* "cpu" or the GPU's name */
+    double peak_flops;            /* per rank, for MFU; 0 = unknown (no MFU shown) */
     uint64_t seed;
     char out[1024], ckpt_root[1100];
     token_stream train, val;
@@ -53,6 +56,7 @@ typedef struct rank_ctx {
     int64_t interval_steps, interval_tokens;
     double interval_t0;
     double step_flops;            /* model FLOPs (forward + backward) of one optimizer step */
+    double six_n_flops;           /* 6 * active parameters * tokens of one optimizer step */
     int rc;
     k3rt_error err;
 } rank_ctx;

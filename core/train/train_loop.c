@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "ops/dispatch.h"
 #include "plugin/sinks.h"
 #include "train/heatmap.h"
 #include "train/train_internal.h"
@@ -96,11 +97,14 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
         sums[0] += ls / (double)(N * r->accum);
         sums[1] += m->aux_loss / (double)r->accum;
     }
-    K3RT_TRY(all_reduce(c, m->grad_buf, m->total_numel, m->opt.dtype, K3RT_REDUCE_AVG, err));
+    K3RT_TRY(all_reduce(c, m->grad_buf, m->total_numel, m->master_dtype, K3RT_REDUCE_AVG, err));
     K3RT_TRY(all_reduce(c, sums, 2, K3RT_F64, K3RT_REDUCE_AVG, err));
     K3RT_TRY(gather_stats(c, err));
     double ss;
-    K3RT_TRY(k3rt_sum_squares(c->stream, m->opt.dtype, m->grad_buf, m->total_numel, &ss, err));
+    K3RT_TRY(k3rt_sum_squares(c->stream, m->master_dtype, m->grad_buf, m->total_numel, &ss, err));
+    /* CUDA kernels record an out-of-range token instead of trapping; the gradient norm has
+     * just synchronised the stream, so reading the flag here costs nothing. */
+    K3RT_TRY(ops_take_index_error(c->stream, err));
     o->loss = sums[0];
     o->aux = sums[1];
     o->gnorm = sqrt(ss);
@@ -121,7 +125,7 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
     c->bad_in_row = 0;
     K3RT_TRY(update_balancers(c, step, err));
     if (r->grad_clip > 0 && o->gnorm > r->grad_clip)
-        K3RT_TRY(k3rt_axpby(c->stream, m->opt.dtype, m->total_numel, r->grad_clip / o->gnorm,
+        K3RT_TRY(k3rt_axpby(c->stream, m->master_dtype, m->total_numel, r->grad_clip / o->gnorm,
                             m->grad_buf, 0.0, m->grad_buf, err));
     k3rt_optimizer_step a;
     memset(&a, 0, sizeof a);
@@ -132,7 +136,8 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
     a.step = step;
     a.params = c->refs;
     a.n_params = m->n_params;
-    return module_fail(&c->opt, c->opt.e->vt.optimizer.step(c->opt.self, &a, err), err);
+    K3RT_TRY(module_fail(&c->opt, c->opt.e->vt.optimizer.step(c->opt.self, &a, err), err));
+    return model_sync_compute(m, err);
 }
 
 /* Broadcasts rank 0's change (or none) and applies it on every rank; `step` is the first step
@@ -324,6 +329,9 @@ static int count_step_flops(rank_ctx *c, k3rt_error *err)
     double f, b;
     K3RT_TRY(model_flops(&c->m, c->r->B, c->r->T, &f, &b, err));
     c->step_flops = (f + b) * (double)(c->r->accum * c->r->dp);
+    int64_t active;
+    model_param_counts(&c->m, NULL, &active);
+    c->six_n_flops = 6.0 * (double)active * (double)(c->r->B * c->r->T * c->r->accum * c->r->dp);
     return K3RT_OK;
 }
 

@@ -85,15 +85,24 @@ int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
         free(line);
         if (isfinite(mean))
             r->result.final_train_loss = mean;
+        char mfu[64] = "";
+        if (r->peak_flops > 0 && dt > 0) {
+            /* Both counts: the plugins' own FLOPs, and the 6 N_active per token convention. */
+            double steps = (double)c->interval_steps, all = r->peak_flops * (double)r->dp * dt;
+            double own = c->step_flops * steps / all, six = c->six_n_flops * steps / all;
+            json_object_set_new(rec, "mfu", json_real(own));
+            json_object_set_new(rec, "mfu_6n", json_real(six));
+            snprintf(mfu, sizeof mfu, " | MFU %.1f%% (6N %.1f%%)", 100 * own, 100 * six);
+        }
         if (!r->opt.quiet) {
             char eta_s[32], vio[48] = "";
             format_eta(eta, eta_s, sizeof eta_s);
             if (moe)
                 snprintf(vio, sizeof vio, " | maxvio %.2f", worst);
-            log_info("step %6lld/%lld | loss %.4f | lr %.2e | grad %.3f | %.1fk tok/s%s | ETA %s",
-                     (long long)step, (long long)r->steps, mean,
+            log_info("step %6lld/%lld | loss %.4f | lr %.2e | grad %.3f | %.1fk tok/s%s%s | ETA "
+                     "%s", (long long)step, (long long)r->steps, mean,
                      json_real_value(json_object_get(rec, "lr")),
-                     json_number_value(json_object_get(rec, "grad_norm")), tps / 1000.0, vio,
+                     json_number_value(json_object_get(rec, "grad_norm")), tps / 1000.0, mfu, vio,
                      eta_s);
         }
     }

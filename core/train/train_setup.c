@@ -7,6 +7,8 @@
 #include "backend/backend.h"
 #include "comm/comm_impl.h"
 #include "train/checkpoint.h"
+#include "backend/backend.h"
+#include "train/peak.h"
 #include "train/train_internal.h"
 #include "util/fs.h"
 #include "util/log.h"
@@ -76,25 +78,42 @@ static int choose_device(run *r, const json_t *plan, k3rt_error *err)
         at += (size_t)snprintf(missing + at, sizeof missing - at, "%s%s", at ? ", " : "",
                                oe->desc.name);
     int gpus = k3rt_cuda_device_count();
-    if (device && !strcmp(device, "cuda")) {
-        if (gpus == 0)
-            return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\" but no CUDA "
-                             "device is available to this build");
-        if (at)
-            return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\" but these "
-                             "plugins have no CUDA path: %s", missing);
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\": the CUDA training "
-                         "path of the model is not available in this build yet");
-    }
-    if (gpus > 0 && at && (!device || !strcmp(device, "auto")))
+    int want_cuda = device && !strcmp(device, "cuda");
+    int want_cpu = device && !strcmp(device, "cpu");
+    if (want_cuda && gpus == 0)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\" but no CUDA device "
+                         "is available to this build");
+    if (want_cuda && at)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\" but these plugins "
+                         "have no CUDA path: %s", missing);
+    if (want_cuda && r->dp > 1)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\" with plan.dp = %d: "
+                         "data parallelism across GPUs (NCCL) is not supported yet; use dp = 1",
+                         r->dp);
+    r->device = K3RT_DEVICE_CPU;
+    if (want_cuda || (!want_cpu && gpus > 0 && !at && r->dp == 1))
+        r->device = 0;
+    else if (!want_cpu && gpus > 0 && at)
         log_info("note: training on the CPU: plugins without a CUDA path: %s", missing);
-    if (!dtype || !strcmp(dtype, "auto") || !strcmp(dtype, "f32"))
+    int cuda = r->device != K3RT_DEVICE_CPU;
+    snprintf(r->device_name, sizeof r->device_name, "cpu");
+    if (cuda)
+        K3RT_TRY(cuda_device_name(r->device, r->device_name, sizeof r->device_name, err));
+    r->peak_flops = get_num(plan, "peak_tflops") > 0 ? get_num(plan, "peak_tflops") * 1e12
+                    : cuda ? device_peak_flops(r->device_name) : 0;
+    if (!dtype || !strcmp(dtype, "auto"))
+        r->dtype = cuda ? K3RT_BF16 : K3RT_F32;
+    else if (!strcmp(dtype, "f32"))
         r->dtype = K3RT_F32;
-    else if (!strcmp(dtype, "f64"))
+    else if (!strcmp(dtype, "f64") && !cuda)
         r->dtype = K3RT_F64;
+    else if (!strcmp(dtype, "bf16") && cuda)
+        r->dtype = K3RT_BF16;
     else
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.dtype = \"%s\" needs the CUDA "
-                         "backend; the CPU computes in f32 (or f64)", dtype);
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.dtype = \"%s\" on the %s: expected "
+                         "%s", dtype, cuda ? "GPU" : "CPU",
+                         cuda ? "auto (bf16), bf16 or f32" : "auto (f32), f32 or f64 (the bf16 "
+                         "path needs the GPU)");
     return K3RT_OK;
 }
 
@@ -235,7 +254,7 @@ static int build_optimizer(rank_ctx *c, k3rt_error *err)
         p->index = i;
         p->name = m->params[i].name;
         p->decl = &m->params[i].decl;
-        p->param = m->params[i].param;
+        p->param = m->params[i].master;  /* fp32 under bf16 compute */
         p->grad = m->params[i].grad;
     }
     const json_t *spec = json_object_get(r->doc, "optimizer");
@@ -244,7 +263,7 @@ static int build_optimizer(rank_ctx *c, k3rt_error *err)
     k3rt_create_args a;
     memset(&a, 0, sizeof a);
     a.struct_size = sizeof a;
-    a.dtype = m->opt.dtype;
+    a.dtype = m->master_dtype;
     a.device = m->opt.device;
     a.d_model = m->d;
     a.vocab = m->vocab;
@@ -263,13 +282,13 @@ int rank_build(rank_ctx *c, k3rt_error *err)
     run *r = c->r;
     c->comm = r->comms[c->rank];
     c->dp = k3rt_comm_group(c->comm, K3RT_GROUP_DP);
-    K3RT_TRY(k3rt_stream_create(K3RT_DEVICE_CPU, K3RT_STREAM_COMPUTE, &c->stream, err));
+    K3RT_TRY(k3rt_stream_create(r->device, K3RT_STREAM_COMPUTE, &c->stream, err));
     k3rt_stream_set_threads(c->stream, r->threads_per_rank);
     json_t *mdoc = json_deep_copy(json_object_get(r->doc, "model"));
     if (!mdoc)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     json_object_set(mdoc, "balancer", r->balancer);
-    model_options mo = {r->dtype, K3RT_DEVICE_CPU, c->stream, c->comm, r->seed,
+    model_options mo = {r->dtype, r->device, c->stream, c->comm, r->seed,
                         json_is_true(json_object_get(json_object_get(r->doc, "plan"),
                                                      "deterministic"))};
     int rc = model_build(&c->m, mdoc, &r->reg, &mo, err);

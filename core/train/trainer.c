@@ -42,9 +42,15 @@ static int print_header(rank_ctx *c, k3rt_error *err)
              m->mods[m->layers[m->n_layers - 1].ffn].m.e->desc.name,
              m->mods[m->residual].m.e->desc.name,
              json_string_value(json_object_get(r->balancer, "plugin")), c->opt.e->desc.name);
-    log_info("plan: cpu, %d rank%s x %d thread%s, micro-batch %lld x %lld tokens, grad accum "
+    if (r->device != K3RT_DEVICE_CPU)
+        log_info("device: cuda:%d %s, compute %s%s, peak %s", r->device, r->device_name,
+                 k3rt_dtype_name(m->opt.dtype), m->compute_buf ? " (fp32 master weights and "
+                 "gradients)" : "", r->peak_flops > 0 ? "known (MFU shown)" :
+                 "unknown: set plan.peak_tflops for MFU");
+    log_info("plan: %s, %d rank%s x %d thread%s, micro-batch %lld x %lld tokens, grad accum "
              "%lld, %lld steps, %lld train / %lld validation tokens, activations %.1f MiB",
-             r->dp, r->dp > 1 ? "s" : "", r->threads_per_rank, r->threads_per_rank > 1 ? "s" : "",
+             r->device == K3RT_DEVICE_CPU ? "cpu" : "cuda", r->dp, r->dp > 1 ? "s" : "",
+             r->threads_per_rank, r->threads_per_rank > 1 ? "s" : "",
              (long long)r->B, (long long)r->T, (long long)r->accum, (long long)r->steps,
              (long long)r->train.n, (long long)r->val.n, (double)m->act_bytes / (1 << 20));
     return K3RT_OK;
@@ -66,8 +72,9 @@ static int dry_run(rank_ctx *c, k3rt_error *err)
     K3RT_TRY(module_memory(&c->opt, 0, 0, &om, err));
     printf("memory: parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB, "
            "activations per micro-batch %.2f MiB\n",
-           (double)m->total_numel * (double)m->elem / (1 << 20),
-           (double)m->total_numel * (double)m->elem / (1 << 20),
+           (double)m->total_numel * (double)(m->master_elem + (m->compute_buf ? m->elem : 0)) /
+               (1 << 20),
+           (double)m->total_numel * (double)m->master_elem / (1 << 20),
            (double)om.state_bytes / (1 << 20), (double)m->act_bytes / (1 << 20));
     return K3RT_OK;
 }

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# On the GPU machine: runs the CUDA op tests, then the op benchmark against PyTorch. Builds
-# nothing: the binaries are built on the build machine and carried here.
+# On the GPU machine: runs every GPU test (build/bin/gpu_test_*), optionally under
+# compute-sanitizer, then the benchmarks against PyTorch. Builds nothing: the binaries are built
+# on the build machine and carried here.
 #
 #   scripts/gpu/check.sh [build dir]         (default build-cuda; logs under $OUT, else gpu-logs/)
 #
 # Carry (paths from the repository root):
-#   build-cuda/lib                     libk3rt.so* built with the CUDA backend (K3RT_HAVE_CUDA)
-#   build-cuda/bin/gpu_test_cuda_ops   tests/gpu/test_cuda_ops.c
-#   build-cuda/bin/bench_gpu_ops       scripts/bench/gpu_ops_bench.c
+#   <build>/lib, <build>/plugins, <build>/bin   libk3rt with the CUDA backend, the plugins, the
+#                                              k3rt command, gpu_test_* and bench_* programs
 #   libs                               filled by scripts/gpu/collect_libs.sh on the build machine:
 #                                      liblua5.4.so.0, libjansson.so.4, libsubunit.so.0 (Check is
 #                                      linked statically, libcheck_pic.a), libopenblas.so.0 (OpenMP
@@ -15,8 +15,9 @@
 # CUDA's libcudart, libcublas and libcublasLt (.so.13) come from the GPU image: its toolkit, or
 # the nvidia wheels next to PyTorch.
 #
-# Environment: K3RT_GPU_MEMCHECK=1 also runs the tests under compute-sanitizer (slow);
-# K3RT_BENCH_RUNS (default 30) sets the timed runs per op.
+# Environment: K3RT_GPU_SECTIONS (default "tests bench") picks from tests, memcheck, racecheck,
+# bench; K3RT_GPU_TESTS (default all) names the gpu_test_* programs to run; K3RT_BENCH_RUNS
+# (default 30) sets the timed runs per op.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-${K3RT_BUILD:-$ROOT/build-cuda}}
@@ -53,42 +54,62 @@ export K3RT_BENCH_LD_LIBRARY_PATH=$LIBPATH
     echo "library path of k3rt's programs: $LIBPATH"
 } | tee "$LOGS/env.log"
 
-TEST=$BUILD/bin/gpu_test_cuda_ops
-BENCH=$BUILD/bin/bench_gpu_ops
-missing=$(LD_LIBRARY_PATH=$LIBPATH ldd "$TEST" "$BENCH" 2>&1 | grep "not found" | sort -u)
+want() { case " ${K3RT_GPU_SECTIONS:-tests bench} " in *" $1 "*) return 0 ;; esac; return 1; }
+export K3RT_PLUGIN_PATH=$BUILD/plugins K3RT_BIN=$BUILD/bin/k3rt K3RT_SOURCE_DIR=$ROOT
+export CK_DEFAULT_TIMEOUT=900 K3RT_THREADS=${K3RT_THREADS:-8}
+tests=()
+for t in ${K3RT_GPU_TESTS:-$(cd "$BUILD/bin" && ls gpu_test_* 2>/dev/null)}; do
+    tests+=("$BUILD/bin/$t")
+done
+missing=$(LD_LIBRARY_PATH=$LIBPATH ldd "${tests[@]}" "$BUILD/bin/k3rt" 2>&1 | grep "not found" | sort -u)
 if [ -n "$missing" ]; then
     echo "libraries not found (carry them in libs/):"
     echo "$missing"
     exit 1
 fi
 
-echo "== tests: $TEST (log: $LOGS/test_cuda_ops.log)"
-LD_LIBRARY_PATH=$LIBPATH timeout 540 "$TEST" > "$LOGS/test_cuda_ops.log" 2>&1
-test_rc=$?
-mem_rc=-
-if [ "${K3RT_GPU_MEMCHECK:-0}" = 1 ]; then
-    echo "== compute-sanitizer memcheck (log: $LOGS/memcheck.log)"
-    LD_LIBRARY_PATH=$LIBPATH timeout 540 compute-sanitizer --tool memcheck --error-exitcode 9 "$TEST" \
-        > "$LOGS/memcheck.log" 2>&1
-    mem_rc=$?
-fi
+status=0
+summary=()
+run_logged() {  # name log command...
+    local name=$1 log=$2; shift 2
+    local t0=$(date +%s)
+    LD_LIBRARY_PATH=$LIBPATH timeout 900 "$@" > "$log" 2>&1
+    local rc=$?
+    summary+=("$name: exit $rc ($(( $(date +%s) - t0 )) s, log $(basename "$log"))")
+    [ $rc = 0 ] || [ $rc = 77 ] || status=1
+    return $rc
+}
 
-echo "== bench (log: $LOGS/bench.log)"
-timeout 420 python3 "$ROOT/scripts/bench/gpu_ops.py" --bench "$BENCH" \
-    --runs "${K3RT_BENCH_RUNS:-30}" --json "$LOGS/gpu_ops.json" > "$LOGS/bench.log" 2>&1
-bench_rc=$?
+for t in "${tests[@]}"; do
+    name=$(basename "$t")
+    want tests && run_logged "$name" "$LOGS/$name.log" "$t"
+    # The sanitizers replay the fast tests; whole training runs under them would take hours.
+    case $name in gpu_test_train_bf16) continue ;; esac
+    want memcheck && run_logged "memcheck $name" "$LOGS/$name.memcheck.log" \
+        compute-sanitizer --tool memcheck --error-exitcode 9 "$t"
+    want racecheck && run_logged "racecheck $name" "$LOGS/$name.racecheck.log" \
+        compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 "$t"
+done
+
+if want bench; then
+    run_logged "bench ops" "$LOGS/bench.log" python3 "$ROOT/scripts/bench/gpu_ops.py" \
+        --bench "$BUILD/bin/bench_gpu_ops" --runs "${K3RT_BENCH_RUNS:-30}" --json "$LOGS/gpu_ops.json"
+    if [ -x "$BUILD/bin/bench_mla_attention" ]; then
+        run_logged "bench mla" "$LOGS/bench_mla.log" python3 "$ROOT/scripts/bench/mla_attention.py" \
+            --bench "$BUILD/bin/bench_mla_attention" --json "$LOGS/mla_attention.json"
+    fi
+fi
 
 echo
 echo "================ summary ================"
-echo "tests: exit $test_rc (0 passed, 1 failed, 77 no GPU, 124 timed out)"
-grep -E "^[0-9]+%: Checks" "$LOGS/test_cuda_ops.log"
-grep -E ":(F|E):" "$LOGS/test_cuda_ops.log" | cut -c1-400
-[ "$test_rc" != 0 ] && tail -5 "$LOGS/test_cuda_ops.log"
-[ "$mem_rc" != - ] && { echo "memcheck: exit $mem_rc"; grep -m5 -E "ERROR SUMMARY|Invalid" "$LOGS/memcheck.log"; }
-echo "bench: exit $bench_rc"
-if [ "$bench_rc" = 0 ]; then
-    sed -n '/^copy bandwidth used/,$p' "$LOGS/bench.log"
-else
-    tail -20 "$LOGS/bench.log"
-fi
-[ "$test_rc" = 0 ] && [ "$bench_rc" = 0 ]
+printf '%s\n' "${summary[@]}"
+for log in "$LOGS"/gpu_test_*.log; do
+    [ -e "$log" ] || continue
+    grep -H -E "^[0-9]+%: Checks|:(F|E):|step:|validation loss|ERROR SUMMARY|skipped" "$log" | cut -c1-400
+done
+for log in "$LOGS"/bench*.log; do
+    [ -e "$log" ] || continue
+    echo "== $(basename "$log")"
+    tail -40 "$log"
+done
+exit $status

@@ -403,6 +403,13 @@ START_TEST(bad_input_refused)
     ck_assert_msg(strstr(err.msg, "embed.weight: expected 10 f64 elements as at create, got "
                          "weights of 10 f64 and a gradient of 8 f64"), "%s", err.msg);
     h.refs[2].grad.shape[0] = 5;
+    /* Weights or a gradient on another device than the state's are refused. */
+    h.refs[1].grad.device = 0;
+    ck_assert_int_eq(plugin()->vt.optimizer.step(h.m.self, &a, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "norm.weight: weights on the CPU and gradient on cuda:0, but "
+                         "the optimizer state lives on the CPU"), "%s", err.msg);
+    h.refs[1].grad.device = K3RT_DEVICE_CPU;
+    TU_OK(plugin()->vt.optimizer.step(h.m.self, &a, &err), err);
     harness_free(&h);
 
     /* An unknown role is refused at create, naming the parameter. */
@@ -420,6 +427,14 @@ START_TEST(bad_input_refused)
     ck_assert_int_eq(module_create(&m, plugin(), NULL, &c, "optimizer", &err),
                      K3RT_ERR_INVALID);
     ck_assert_msg(strstr(err.msg, "parameter norm.weight has unknown role 42"), "%s", err.msg);
+    /* One dtype for every master weight (the multi-tensor op takes one). */
+    h.decls[1].role = ROLES[1];
+    h.refs[3].param.dtype = K3RT_F32;
+    ck_assert_int_eq(module_create(&m, plugin(), NULL, &c, "optimizer", &err),
+                     K3RT_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "parameter layers.0.ffn.router is f32, the first one f64: "
+                         "every master weight must share one dtype"), "%s", err.msg);
+    h.refs[3].param.dtype = K3RT_F64;
     harness_free(&h);
 }
 END_TEST

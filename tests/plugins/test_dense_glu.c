@@ -368,7 +368,7 @@ START_TEST(declarations_and_counts)
     module_destroy(&m);
 
     /* forward 6*N*d*H (three projections), backward 12*N*d*H; saved g, u, a and workspace
-     * da, dg, du: f32 buffers of N*H. */
+     * da, dg, du: f32 buffers of N*H = 144 elements (576 bytes), each rounded up to 768. */
     TU_OK(create("{\"hidden\": 24}", 16, 2, &m, &err), err);
     k3rt_flops f;
     k3rt_memory mem;
@@ -376,8 +376,8 @@ START_TEST(declarations_and_counts)
     TU_OK(module_memory(&m, 2, 3, &mem, &err), err);
     ck_assert(f.forward == 6.0 * 6 * 16 * 24);
     ck_assert(f.backward == 12.0 * 6 * 16 * 24);
-    ck_assert_int_eq(mem.saved_bytes, 3 * 6 * 24 * 4);
-    ck_assert_int_eq(mem.workspace_bytes, 3 * 6 * 24 * 4);
+    ck_assert_int_eq(mem.saved_bytes, 3 * 768);
+    ck_assert_int_eq(mem.workspace_bytes, 3 * 768);
     ck_assert_int_eq(mem.state_bytes, 0);
     module_destroy(&m);
 }
@@ -415,14 +415,15 @@ START_TEST(bad_input_refused)
     ck_assert_int_eq(plugin()->vt.moe.forward(h.m.self, &a, &err), K3RT_ERR_INVALID);
     ck_assert_msg(strstr(err.msg, "dense_glu x: expected shape [2, 3, 16], got [2, 3, 8]"),
                   "%s", err.msg);
+    /* f64 buffers of N*H = 144 elements (1152 bytes), each rounded up to 1280. */
     a = fwd_args(&h, 0);  /* inference keeps g, u, a in the workspace */
     a.workspace_bytes -= 8;
     ck_assert_int_eq(plugin()->vt.moe.forward(h.m.self, &a, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "workspace buffer of 3448 bytes, need 3456"), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "workspace buffer of 3832 bytes, need 3840"), "%s", err.msg);
     a = fwd_args(&h, 1);
     a.saved = NULL;
     ck_assert_int_eq(plugin()->vt.moe.forward(h.m.self, &a, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "saved buffer of 0 bytes, need 3456"), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "saved buffer of 0 bytes, need 3840"), "%s", err.msg);
     a = fwd_args(&h, 1);
     a.n_params = 2;
     ck_assert_int_eq(plugin()->vt.moe.forward(h.m.self, &a, &err), K3RT_ERR_INVALID);
@@ -431,6 +432,22 @@ START_TEST(bad_input_refused)
     a.y.dtype = K3RT_F32;
     ck_assert_int_eq(plugin()->vt.moe.forward(h.m.self, &a, &err), K3RT_ERR_INVALID);
     ck_assert_msg(strstr(err.msg, "dense_glu y: expected dtype f64, got f32"), "%s", err.msg);
+    /* A tensor on another device than the instance's is refused before anything runs. */
+    a = fwd_args(&h, 1);
+    a.x.device = 0;
+    ck_assert_int_eq(plugin()->vt.moe.forward(h.m.self, &a, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "dense_glu x: on cuda:0, but the instance runs on the CPU"),
+                  "%s", err.msg);
+    TU_OK(forward(&h, 1, &err), err);
+    h.grads[1].dtype = K3RT_F32;
+    ck_assert_int_eq(backward(&h, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "gradient of up_proj.weight: expected dtype f64, got f32"),
+                  "%s", err.msg);
+    h.grads[1].dtype = K3RT_F64;
+    h.grads[2].device = 1;
+    ck_assert_int_eq(backward(&h, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "gradient of down_proj.weight: on cuda:1"), "%s", err.msg);
+    h.grads[2].device = K3RT_DEVICE_CPU;
     harness_free(&h);
 }
 END_TEST

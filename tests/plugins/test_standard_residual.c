@@ -222,6 +222,19 @@ START_TEST(bad_input_refused)
     ck_assert_int_eq(v->op_forward(h.m.self, &a, &err), K3RT_ERR_INVALID);
     ck_assert_msg(strstr(err.msg, "needs at least one source or a partial sum"), "%s",
                   err.msg);
+    /* A tensor on another device than the instance's is refused before anything runs. */
+    a = args(&h, 0, t);
+    a.t.device = 0;
+    ck_assert_int_eq(v->push(h.m.self, &a, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "standard residual t: on cuda:0, but the instance runs on "
+                         "the CPU"), "%s", err.msg);
+    k3rt_tensor src = view(t);
+    src.device = 0;
+    a = args(&h, 0, t);
+    a.sources = &src;
+    a.n_sources = 1;
+    ck_assert_int_eq(v->op_forward(h.m.self, &a, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "standard residual sources.0: on cuda:0"), "%s", err.msg);
     harness_free(&h);
 }
 END_TEST

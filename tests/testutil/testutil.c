@@ -3,6 +3,7 @@
 
 #include <jansson.h>
 
+#include "plugin/registry.h"
 #include "train/safetensors.h"
 
 #include <math.h>
@@ -172,4 +173,28 @@ double tu_safetensors_max_rel_diff(const char *file_a, const char *file_b)
     st_close(fa);
     st_close(fb);
     return worst;
+}
+
+int tu_dense_plugins_have_cuda(void)
+{
+    registry reg;
+    k3rt_error err = {0};
+    /* Called before the suite runs, where Check's assertions cannot report. */
+    if (registry_init(&reg, NULL, &err) != K3RT_OK) {
+        printf("plugin registry: %s\n", err.msg);
+        return 0;
+    }
+    const char *names[] = {"mla", "dense_glu", "standard", "adamw"};
+    const int kinds[] = {K3RT_KIND_ATTENTION, K3RT_KIND_MOE, K3RT_KIND_RESIDUAL,
+                         K3RT_KIND_OPTIMIZER};
+    int ok = 1;
+    for (int i = 0; ok && i < 4; i++) {
+        const plugin_entry *e = registry_find(&reg, names[i], kinds[i]);
+        if (!e || !(e->desc.caps & K3RT_CAP_CUDA)) {
+            printf("plugin %s has no CUDA path in this build\n", names[i]);
+            ok = 0;
+        }
+    }
+    registry_free(&reg);
+    return ok;
 }

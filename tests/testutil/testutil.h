@@ -37,6 +37,9 @@ k3rt_stream *tu_cpu_stream(int threads);
 int tu_metrics_losses(const char *out, double *loss, int max);
 /* Largest relative rms difference between same-named f32 tensors of two safetensors files. */
 double tu_safetensors_max_rel_diff(const char *file_a, const char *file_b);
+/* Whether every plugin of the recipe tiny_dense.lua (mla, dense_glu, standard, adamw) has a
+ * CUDA path in this build; prints the first that has none. Usable outside a running test. */
+int tu_dense_plugins_have_cuda(void);
 /* Runs one suite and returns the process exit code. */
 int tu_run_suite(Suite *s);
 

@@ -2,6 +2,7 @@
 // alloc.cu, library handles and per-stream work memory in context.cu).
 // CUDA types stay inside this file; the C side sees opaque pointers.
 #include <cuda_runtime.h>
+#include <stdio.h>
 
 extern "C" {
 #include "backend/backend.h"
@@ -29,6 +30,14 @@ extern "C" int cuda_backend_device_count(void)
         return 0;
     }
     return n;
+}
+
+extern "C" int cuda_device_name(int device, char *buf, size_t len, k3rt_error *err)
+{
+    cudaDeviceProp prop;
+    CUDA_TRY(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    snprintf(buf, len, "%s", prop.name);
+    return K3RT_OK;
 }
 
 extern "C" int cuda_stream_create(int device, void **native, k3rt_error *err)

@@ -9,6 +9,13 @@ static int no_cuda(k3rt_error *err)
 }
 
 int cuda_backend_device_count(void) { return 0; }
+int cuda_device_name(int device, char *buf, size_t len, k3rt_error *err)
+{
+    (void)device;
+    if (len)
+        buf[0] = 0;
+    return no_cuda(err);
+}
 int cuda_stream_create(int device, void **native, k3rt_error *err)
 {
     (void)device;

@@ -2,56 +2,73 @@
  * every call, so the byte counts the engine plans with are the ones the kernels use. */
 #include "mla.h"
 
-/* Buffers start on 64-byte boundaries for either dtype. */
-static int64_t take(int64_t *at, int64_t n)
+typedef struct cursor {
+    int64_t at;     /* next free element */
+    int64_t align;  /* elements per 64 bytes, at least 16 */
+} cursor;
+
+static int64_t take(cursor *c, int64_t n)
 {
-    int64_t off = *at;
-    *at += (n + 15) / 16 * 16;
+    int64_t off = c->at;
+    c->at += (n + c->align - 1) / c->align * c->align;
     return off;
 }
 
 void mla_layout_make(const mla *m, int64_t B, int64_t T, int slots, mla_layout *l)
 {
-    int64_t N = B * T, H = m->H, at = 0;
-    l->qa = take(&at, m->rq ? N * m->rq : 0);
-    l->q_rstd = take(&at, m->rq ? N : 0);
-    l->qan = take(&at, m->rq ? N * m->rq : 0);
-    l->c = take(&at, N * m->dc);
-    l->kv_rstd = take(&at, N);
-    l->chat = take(&at, N * m->dc);
-    l->q = take(&at, N * H * m->dqk);
-    l->k = take(&at, N * H * m->dqk);
-    l->v = take(&at, N * H * m->dv);
-    l->o = take(&at, N * H * m->dv);
-    l->lse = take(&at, N * H);
-    l->z = take(&at, m->gate ? N * H * m->dv : 0);
-    l->saved = at;
+    int64_t N = B * T, H = m->H, es = (int64_t)k3rt_dtype_size(m->dtype);
+    int cuda = m->device != K3RT_DEVICE_CPU;
+    /* Elements holding one per-row statistic: REAL on the CPU, f32 on CUDA. */
+    int64_t st = cuda && es < 4 ? 4 / es : 1;
+    int64_t blocks = (T + 31) / 32;
+    cursor c = {0, 64 / es > 16 ? 64 / es : 16};
+    l->qa = take(&c, m->rq ? N * m->rq : 0);
+    l->q_rstd = take(&c, m->rq ? N * st : 0);
+    l->qan = take(&c, m->rq ? N * m->rq : 0);
+    l->c = take(&c, N * m->dc);
+    l->kv_rstd = take(&c, N * st);
+    l->chat = take(&c, N * m->dc);
+    l->q = take(&c, N * H * m->dqk);
+    l->k = take(&c, N * H * m->dqk);
+    l->v = take(&c, N * H * m->dv);
+    l->o = take(&c, N * H * m->dv);
+    l->lse = take(&c, N * H * st);
+    l->z = take(&c, m->gate ? N * H * m->dv : 0);
+    l->saved = c.at;
 
-    at = 0;
-    l->f_qn = take(&at, N * H * m->dn);
-    l->f_qr = take(&at, N * H * m->dr);
-    l->f_kn = take(&at, N * H * m->dn);
-    l->f_kr = take(&at, N * m->dr);
-    l->f_og = take(&at, m->gate ? N * H * m->dv : 0);
-    l->f_max = take(&at, B * H);
-    l->f_scratch = take(&at, (int64_t)slots * MLA_BLOCK * T);
-    l->fwd = at;
+    c.at = 0;
+    l->f_qn = take(&c, N * H * m->dn);
+    l->f_qr = take(&c, N * H * m->dr);
+    l->f_kn = take(&c, N * H * m->dn);
+    l->f_kr = take(&c, N * m->dr);
+    l->f_og = take(&c, m->gate ? N * H * m->dv : 0);
+    l->f_max = take(&c, (cuda ? B * H * blocks : B * H) * st);
+    l->f_scratch = take(&c, (int64_t)slots * MLA_BLOCK * T);
+    l->fwd = c.at;
 
-    at = 0;
-    l->b_g1 = take(&at, m->gate ? N * H * m->dv : 0);
-    l->b_g2 = take(&at, N * H * m->dv);
-    l->b_dq = take(&at, N * H * m->dqk);
-    l->b_dk = take(&at, N * H * m->dqk);
-    l->b_dv = take(&at, N * H * m->dv);
-    l->b_dqn = take(&at, N * H * m->dn);
-    l->b_dqr = take(&at, N * H * m->dr);
-    l->b_dkn = take(&at, N * H * m->dn);
-    l->b_dkr = take(&at, N * m->dr);
-    l->b_dqin = take(&at, m->rq ? N * m->rq : 0);
-    l->b_dqa = take(&at, m->rq ? N * m->rq : 0);
-    l->b_dchat = take(&at, N * m->dc);
-    l->b_dc = take(&at, N * m->dc);
-    l->b_scratch = take(&at, (int64_t)slots * 2 * MLA_BLOCK * T);
-    l->bwd = at;
+    c.at = 0;
+    l->b_g1 = take(&c, m->gate ? N * H * m->dv : 0);
+    l->b_g2 = take(&c, N * H * m->dv);
+    l->b_dq = take(&c, N * H * m->dqk);
+    l->b_dk = take(&c, N * H * m->dqk);
+    l->b_dv = take(&c, N * H * m->dv);
+    int64_t post = c.at; /* b_dqn .. b_dc are written only after the attention core */
+    l->b_dqn = take(&c, N * H * m->dn);
+    l->b_dqr = take(&c, N * H * m->dr);
+    l->b_dkn = take(&c, N * H * m->dn);
+    l->b_dkr = take(&c, N * m->dr);
+    l->b_dqin = take(&c, m->rq ? N * m->rq : 0);
+    l->b_dqa = take(&c, m->rq ? N * m->rq : 0);
+    l->b_dchat = take(&c, N * m->dc);
+    l->b_dc = take(&c, N * m->dc);
+    /* CUDA bf16: the non-deterministic attention backward's f32 dQ accumulator, dead once the
+     * core has written dq; it shares the room of b_dqn .. b_dc. */
+    cursor acc = {post, c.align};
+    l->b_dqacc = take(&acc, cuda && es < 4 ? N * H * m->dqk * (4 / es) : 0);
+    if (acc.at > c.at)
+        c.at = acc.at;
+    l->b_scratch = take(&c, (int64_t)slots * 2 * MLA_BLOCK * T);
+    l->b_drow = take(&c, cuda ? N * H * st : 0);
+    l->bwd = c.at;
     l->workspace = l->fwd > l->bwd ? l->fwd : l->bwd;
 }

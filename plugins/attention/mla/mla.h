@@ -1,5 +1,6 @@
 /* NoPE MLA (Kimi-Linear / K3 gated MLA): the instance, its parameter slots and the layout of the
- * saved and workspace buffers, shared by plugin.c and the CPU kernels (cpu.inc.c). */
+ * saved and workspace buffers, shared by plugin.c, the CPU kernels (cpu.inc.c) and the CUDA path
+ * (cuda.c with the kernels behind mla_cuda.h). */
 #ifndef K3RT_PLUGIN_MLA_H
 #define K3RT_PLUGIN_MLA_H
 
@@ -38,15 +39,23 @@ typedef struct mla {
     double eps;     /* latent RMSNorm epsilon */
     double init_std;
     double scale;   /* softmax scale, 1/sqrt(dn + dr) unless configured */
-    int dtype;      /* K3RT_F32 or K3RT_F64 */
-    int slots;      /* attention scratch slots = threads of the create stream */
+    int dtype;      /* CPU: K3RT_F32 or K3RT_F64; CUDA: K3RT_F32 or K3RT_BF16 */
+    int device;     /* K3RT_DEVICE_CPU or the CUDA ordinal the instance computes on */
+    int slots;      /* CPU attention scratch slots = threads of the create stream; 0 on CUDA */
     int slot[MLA_N_SLOTS];  /* parameter index of each slot, or -1 */
     int n_params;
     float *max_logit;       /* [H] since reset_stats; -inf before anything was forwarded */
+    /* CUDA: the per-head maxima live on the device ([H] f32) and reach max_logit when stats()
+     * asks, through the stream of the last forward. dev_fresh: no forward since reset_stats. */
+    float *dev_max;
+    k3rt_stream *dev_stream;
+    int dev_fresh;
 } mla;
 
 /* Offsets, in elements of the compute dtype, into the saved buffer (kept from forward to
- * backward) and the workspace (scratch of one call). N = B*T tokens. */
+ * backward) and the workspace (scratch of one call). N = B*T tokens. Per-row statistics (the
+ * rstd of the norms, lse, the max logits, the backward's row dots) are REAL on the CPU and f32
+ * on CUDA, where a bf16 run gives each of them two bf16 elements' room. */
 typedef struct mla_layout {
     /* saved */
     int64_t qa, q_rstd, qan;   /* [N, rq], [N], [N, rq]      (rq > 0) */
@@ -60,7 +69,8 @@ typedef struct mla_layout {
     int64_t f_qn, f_qr, f_kn;  /* [N, H*dn], [N, H*dr], [N, H*dn] projections before assembly */
     int64_t f_kr;              /* [N, dr]                    the shared key */
     int64_t f_og;              /* [N, H*dv]                  gated attention output */
-    int64_t f_max;             /* [B*H]                      max logit of each (b, h) */
+    int64_t f_max;             /* CPU: [B*H] max logit of each (b, h); CUDA: [B*H, ceil(T/32)]
+                                  max of each row block (mla_cuda.h) */
     int64_t f_scratch;         /* [slots, MLA_BLOCK, T]      scores of one row block */
     int64_t fwd;               /* total */
     /* backward workspace */
@@ -70,7 +80,10 @@ typedef struct mla_layout {
     int64_t b_dkn, b_dkr;      /* [N, H*dn], [N, dr] */
     int64_t b_dqin, b_dqa;     /* [N, rq] x2                 (rq > 0) */
     int64_t b_dchat, b_dc;     /* [N, dc] x2 */
+    int64_t b_dqacc;           /* CUDA bf16: [B, T, H, dqk] f32 dQ accumulator of the attention
+                                  core (mla_cuda.h), over b_dqn .. b_dc */
     int64_t b_scratch;         /* [slots, 2, MLA_BLOCK, T]   P and dP of one row block */
+    int64_t b_drow;            /* CUDA: [B, H, T]            dO . O per row */
     int64_t bwd;               /* total */
     int64_t workspace;         /* max(fwd, bwd) */
 } mla_layout;
@@ -81,5 +94,12 @@ int mla_forward_f32(mla *m, const k3rt_fwd_args *a, k3rt_error *err);
 int mla_forward_f64(mla *m, const k3rt_fwd_args *a, k3rt_error *err);
 int mla_backward_f32(mla *m, const k3rt_bwd_args *a, k3rt_error *err);
 int mla_backward_f64(mla *m, const k3rt_bwd_args *a, k3rt_error *err);
+
+/* The CUDA path (cuda.c; built only with K3RT_PLUGIN_HAVE_CUDA), f32 or bf16 on device
+ * tensors. Under bf16 the parameter gradients are f32 (k3rt/ops.h). */
+int mla_forward_cuda(mla *m, const k3rt_fwd_args *a, k3rt_error *err);
+int mla_backward_cuda(mla *m, const k3rt_bwd_args *a, k3rt_error *err);
+/* Copies the device's per-head maxima into max_logit (synchronises the last forward's stream). */
+int mla_cuda_read_max(mla *m, k3rt_error *err);
 
 #endif

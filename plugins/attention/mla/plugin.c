@@ -1,6 +1,6 @@
 /* NoPE MLA as used in Kimi (Kimi-Linear's MLA; K3's gated MLA): descriptor, options,
  * parameters, FLOP and memory counts, statistics, and argument checks before the CPU kernels
- * (cpu.inc.c). Math: spec kda_mla.md §7.
+ * (cpu.inc.c) or, in a build with CUDA, the CUDA path (cuda.c). Math: spec kda_mla.md §7.
  *
  *   qin  = q_rank > 0 ? RMSNorm(x Wqa^T) : x                       q_a_proj, q_a_layernorm
  *   q_h  = [qin Wqn_h^T ; qin Wqr_h^T]              (dn + dr)       q_nope_proj, q_shared_proj
@@ -130,16 +130,38 @@ static int mla_declare_params(void *self, k3rt_param_sink *sink, k3rt_error *err
 
 /* ---- instance ----------------------------------------------------------------------------- */
 
+/* Device and dtype: f32/f64 on the CPU, f32/bf16 on CUDA (in a build with CUDA). */
+static int check_device(const k3rt_create_args *a, k3rt_error *err)
+{
+    if (a->device == K3RT_DEVICE_CPU) {
+        if (a->dtype != K3RT_F32 && a->dtype != K3RT_F64)
+            return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
+                             "mla: the CPU implementation computes in f32 or f64, not %s",
+                             k3rt_dtype_name(a->dtype));
+        return K3RT_OK;
+    }
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (a->device < 0)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "mla: device %d is neither the CPU nor a CUDA "
+                         "ordinal", a->device);
+    if (a->dtype != K3RT_F32 && a->dtype != K3RT_BF16)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
+                         "mla: the CUDA implementation computes in f32 or bf16, not %s",
+                         k3rt_dtype_name(a->dtype));
+    return K3RT_OK;
+#else
+    return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
+                     "mla: this build of the plugin has no CUDA path (device %d requested; the "
+                     "CUDA toolkit was not found when it was built); run on the CPU",
+                     a->device);
+#endif
+}
+
+static void mla_destroy(void *self);
+
 static int mla_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
-    if (a->device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
-                         "mla: no CUDA implementation yet (device %d requested); run on the CPU",
-                         a->device);
-    if (a->dtype != K3RT_F32 && a->dtype != K3RT_F64)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
-                         "mla: the CPU implementation computes in f32 or f64, not %s",
-                         k3rt_dtype_name(a->dtype));
+    K3RT_TRY(check_device(a, err));
     if (a->d_model < 1)
         return k3rt_fail(err, K3RT_ERR_INVALID, "mla: d_model must be >= 1, got %lld",
                          (long long)a->d_model);
@@ -161,11 +183,22 @@ static int mla_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     m->scale = k3rt_cfg_is_null(c, "softmax_scale") ? 1.0 / sqrt((double)m->dqk)
                                                     : k3rt_cfg_float(c, "softmax_scale");
     m->dtype = a->dtype;
-    m->slots = k3rt_stream_threads(a->stream);
+    m->device = a->device;
+    /* CPU attention runs one scratch slot per thread; CUDA needs none. */
+    m->slots = m->device == K3RT_DEVICE_CPU ? k3rt_stream_threads(a->stream) : 0;
     m->max_logit = malloc((size_t)m->H * sizeof(float));
     if (!m->max_logit) {
         free(m);
         return k3rt_fail(err, K3RT_ERR_NOMEM, "mla: out of memory");
+    }
+    m->dev_fresh = 1;
+    if (m->device != K3RT_DEVICE_CPU) {
+        m->dev_max = k3rt_alloc(m->device, (size_t)m->H * sizeof(float), err);
+        if (!m->dev_max) {
+            int dev = m->device;
+            mla_destroy(m);
+            return k3rt_error_prefix(err, "mla: the per-head max logits on device %d: ", dev);
+        }
     }
     for (int64_t h = 0; h < m->H; h++)
         m->max_logit[h] = -INFINITY;
@@ -179,6 +212,8 @@ static void mla_destroy(void *self)
 {
     mla *m = self;
     if (m) {
+        if (m->dev_max)
+            k3rt_free(m->device, m->dev_max);
         free(m->max_logit);
         free(m);
     }
@@ -232,6 +267,10 @@ static int mla_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 static int mla_stats(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
 {
     mla *m = self;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (m->device != K3RT_DEVICE_CPU)
+        K3RT_TRY(mla_cuda_read_max(m, err));
+#endif
     k3rt_tensor t = k3rt_tensor_view(m->max_logit, K3RT_F32, K3RT_DEVICE_CPU, 1, m->H, 0, 0, 0);
     return k3rt_tensor_sink_add(sink, "max_logit", t, K3RT_REDUCE_MAX, err);
 }
@@ -241,23 +280,32 @@ static void mla_reset_stats(void *self)
     mla *m = self;
     for (int64_t h = 0; h < m->H; h++)
         m->max_logit[h] = -INFINITY;
+    m->dev_fresh = 1;
 }
 
 /* ---- calls -------------------------------------------------------------------------------- */
+
+static const char *where_of(const mla *m)
+{
+    return m->device == K3RT_DEVICE_CPU ? "a host" : "a device";
+}
 
 static int check_tensor(const mla *m, const k3rt_tensor *t, const char *what, int64_t B,
                         int64_t T, k3rt_error *err)
 {
     int64_t shape[3] = {B, T, m->d};
     K3RT_TRY(k3rt_tensor_expect(t, what, m->dtype, 3, shape, err));
-    if (t->device != K3RT_DEVICE_CPU || !t->data)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "mla: %s must be a host tensor with data", what);
+    if (t->device != m->device || !t->data)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "mla: %s must be %s tensor (device %d) with "
+                         "data; it is on device %d", what, where_of(m), m->device, t->device);
     return K3RT_OK;
 }
 
-static int check_params(const mla *m, const k3rt_tensor *p, int n, const char *what,
+/* Parameters have the compute dtype; gradients too, except under bf16, where they are f32. */
+static int check_params(const mla *m, const k3rt_tensor *p, int n, const char *what, int grads,
                         k3rt_error *err)
 {
+    int dtype = grads && m->dtype == K3RT_BF16 ? K3RT_F32 : m->dtype;
     if (n != m->n_params || !p)
         return k3rt_fail(err, K3RT_ERR_INVALID, "mla: expected %d %s, got %d", m->n_params,
                          what, p ? n : 0);
@@ -266,9 +314,10 @@ static int check_params(const mla *m, const k3rt_tensor *p, int n, const char *w
             continue;
         k3rt_param_decl d = decl_of(m, s);
         const k3rt_tensor *t = &p[m->slot[s]];
-        K3RT_TRY(k3rt_tensor_expect(t, d.name, m->dtype, d.ndim, d.shape, err));
-        if (!t->data)
-            return k3rt_fail(err, K3RT_ERR_INVALID, "mla: %s %s has no data", what, d.name);
+        K3RT_TRY(k3rt_tensor_expect(t, d.name, dtype, d.ndim, d.shape, err));
+        if (!t->data || t->device != m->device)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "mla: %s %s must be %s tensor (device %d) "
+                             "with data", what, d.name, where_of(m), m->device);
     }
     return K3RT_OK;
 }
@@ -276,8 +325,10 @@ static int check_params(const mla *m, const k3rt_tensor *p, int n, const char *w
 static int check_call(const mla *m, k3rt_stream *s, int64_t B, int64_t T, const void *saved,
                       int64_t saved_bytes, const void *ws, int64_t ws_bytes, k3rt_error *err)
 {
-    if (!s || k3rt_stream_device(s) != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "mla: needs a CPU stream");
+    if (!s || k3rt_stream_device(s) != m->device)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "mla: the instance computes on device %d "
+                         "(-1 is the CPU) and needs a stream of it, got %s", m->device,
+                         s ? "a stream of another device" : "no stream");
     if (B < 1 || T < 1)
         return k3rt_fail(err, K3RT_ERR_INVALID, "mla: batch and seq must be >= 1, got %lld x %lld",
                          (long long)B, (long long)T);
@@ -305,7 +356,11 @@ static int mla_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
                         a->workspace_bytes, err));
     K3RT_TRY(check_tensor(m, &a->x, "x", a->batch, a->seq, err));
     K3RT_TRY(check_tensor(m, &a->y, "y", a->batch, a->seq, err));
-    K3RT_TRY(check_params(m, a->params, a->n_params, "parameters", err));
+    K3RT_TRY(check_params(m, a->params, a->n_params, "parameters", 0, err));
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (m->device != K3RT_DEVICE_CPU)
+        return mla_forward_cuda(m, a, err);
+#endif
     return m->dtype == K3RT_F32 ? mla_forward_f32(m, a, err) : mla_forward_f64(m, a, err);
 }
 
@@ -317,8 +372,12 @@ static int mla_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
     K3RT_TRY(check_tensor(m, &a->x, "x", a->batch, a->seq, err));
     K3RT_TRY(check_tensor(m, &a->dy, "dy", a->batch, a->seq, err));
     K3RT_TRY(check_tensor(m, &a->dx, "dx", a->batch, a->seq, err));
-    K3RT_TRY(check_params(m, a->params, a->n_params, "parameters", err));
-    K3RT_TRY(check_params(m, a->grads, a->n_params, "gradients", err));
+    K3RT_TRY(check_params(m, a->params, a->n_params, "parameters", 0, err));
+    K3RT_TRY(check_params(m, a->grads, a->n_params, "gradients", 1, err));
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (m->device != K3RT_DEVICE_CPU)
+        return mla_backward_cuda(m, a, err);
+#endif
     return m->dtype == K3RT_F32 ? mla_backward_f32(m, a, err) : mla_backward_f64(m, a, err);
 }
 
@@ -350,7 +409,11 @@ static const k3rt_plugin_descriptor mla_descriptor = {
     .version = "1.0.0",
     .description = "NoPE multi-head latent attention (Kimi), optional q low-rank and K3's "
                    "sigmoid output gate; reports per-head max logits for QK-clip",
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#else
     .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#endif
     .options = mla_options,
     .n_options = MLA_N_OPTIONS,
     .option_size = sizeof(k3rt_option),

@@ -1,5 +1,5 @@
 /* dense_glu: a dense GLU feed-forward layer, y = down(glu(gate(x), up(x))). Shared by the
- * descriptor side (plugin.c) and the compute side (cpu.c). */
+ * descriptor side (plugin.c) and the compute side (ffn.c). */
 #ifndef DENSE_GLU_H
 #define DENSE_GLU_H
 
@@ -8,14 +8,17 @@
 enum { GLU_GATE = 0, GLU_UP = 1, GLU_DOWN = 2, GLU_N_PARAMS = 3 };
 
 typedef struct dense_glu {
-    int dtype;          /* K3RT_F32 or K3RT_F64 */
+    int dtype;          /* compute dtype: f32 or f64 on the CPU, f32 or bf16 on CUDA */
+    int grad_dtype;     /* of the parameter gradients: f32 under bf16 (k3rt/ops.h), else dtype */
+    int device;         /* K3RT_DEVICE_CPU or a CUDA ordinal */
     int64_t d, hidden;
     int glu;            /* k3rt_glu */
     double beta1, beta2;
     double init_std, down_std;
 } dense_glu;
 
-/* Bytes of one [B*T, hidden] buffer; saved and workspace hold three each. */
+/* Bytes of one [B*T, hidden] buffer, rounded up to 256 so that the three buffers in saved and
+ * in workspace all start aligned for vector loads and cuBLASLt. */
 int64_t dense_glu_hidden_bytes(const dense_glu *f, int64_t batch, int64_t seq);
 
 int dense_glu_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err);

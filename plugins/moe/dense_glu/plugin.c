@@ -21,7 +21,8 @@ static const k3rt_option options[] = {
 
 int64_t dense_glu_hidden_bytes(const dense_glu *f, int64_t batch, int64_t seq)
 {
-    return batch * seq * f->hidden * (int64_t)k3rt_dtype_size(f->dtype);
+    int64_t bytes = batch * seq * f->hidden * (int64_t)k3rt_dtype_size(f->dtype);
+    return (bytes + 255) / 256 * 256;
 }
 
 static int64_t default_hidden(int64_t d)
@@ -32,12 +33,20 @@ static int64_t default_hidden(int64_t d)
 
 static int glu_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
-    if (a->device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "dense_glu has no CUDA path yet; run on "
-                         "the CPU");
-    if (a->dtype != K3RT_F32 && a->dtype != K3RT_F64)
+    int cpu = a->device == K3RT_DEVICE_CPU;
+    if (a->device < K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "dense_glu: device %d is neither the CPU (-1) "
+                         "nor a CUDA ordinal", a->device);
+    if (cpu ? a->dtype != K3RT_F32 && a->dtype != K3RT_F64
+            : a->dtype != K3RT_F32 && a->dtype != K3RT_BF16)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "dense_glu computes in f32 or f64 on the "
-                         "CPU, not %s", k3rt_dtype_name(a->dtype));
+                         "CPU and in f32 or bf16 on CUDA, not %s on %s",
+                         k3rt_dtype_name(a->dtype), cpu ? "the CPU" : "CUDA");
+#ifndef K3RT_PLUGIN_HAVE_CUDA
+    if (!cpu)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "dense_glu was built without CUDA; run on "
+                         "the CPU");
+#endif
     if (a->d_model < 1)
         return k3rt_fail(err, K3RT_ERR_INVALID, "dense_glu: d_model must be >= 1, got %lld",
                          (long long)a->d_model);
@@ -50,6 +59,8 @@ static int glu_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     if (!f)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "dense_glu: out of memory");
     f->dtype = a->dtype;
+    f->grad_dtype = a->dtype == K3RT_BF16 ? K3RT_F32 : a->dtype;
+    f->device = a->device;
     f->d = a->d_model;
     f->hidden = k3rt_cfg_int(a->config, "hidden");
     if (f->hidden == 0)
@@ -101,7 +112,7 @@ static int glu_flops(void *self, int64_t batch, int64_t seq, k3rt_flops *out)
 }
 
 /* saved: g, u and a = glu(g, u), [N, H] each; workspace: da, dg, du [N, H] each (inference
- * keeps g, u, a there instead of in saved). */
+ * keeps g, u, a there instead of in saved). Each buffer is rounded up to 256 bytes. */
 static int glu_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 {
     const dense_glu *f = self;
@@ -144,7 +155,11 @@ static const k3rt_plugin_descriptor descriptor = {
     .kind = K3RT_KIND_MOE,
     .version = "1.0.0",
     .description = "dense GLU feed-forward (SiTU-GLU or SwiGLU), no experts",
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#else
     .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#endif
     .options = options,
     .n_options = sizeof options / sizeof options[0],
     .option_size = sizeof(k3rt_option),

@@ -36,17 +36,26 @@ static void adamw_destroy(void *self)
     adamw *o = self;
     if (!o)
         return;
-    for (int32_t i = 0; i < o->n; i++) {
+    for (int32_t i = 0; o->p && i < o->n; i++) {
         k3rt_free(o->device, o->p[i].m);
         free(o->p[i].name);
     }
     free(o->p);
+    free(o->w), free(o->g), free(o->m), free(o->v), free(o->len), free(o->wd);
     free(o);
 }
 
-static size_t aligned_bytes(const adamw_param *p)
+static size_t aligned_bytes(const adamw *o, const adamw_param *p)
 {
-    return (p->n * k3rt_dtype_size(p->dtype) + 63) & ~(size_t)63;
+    return (p->n * k3rt_dtype_size(o->dtype) + 63) & ~(size_t)63;
+}
+
+/* Whether adamw steps master weights of this dtype on this device (CUDA: f32 only). */
+static int dtype_ok(int device, int dtype)
+{
+    if (device == K3RT_DEVICE_CPU)
+        return dtype == K3RT_F32 || dtype == K3RT_F64;
+    return dtype == K3RT_F32;
 }
 
 /* Records parameter ref's layout and decay, and allocates its zeroed moments. */
@@ -62,17 +71,21 @@ static int add_param(adamw *o, const k3rt_param_ref *ref, k3rt_stream *s, adamw_
     if (!p->name)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "adamw: out of memory");
     memcpy(p->name, name, len);
-    if (ref->param.dtype != K3RT_F32 && ref->param.dtype != K3RT_F64)
+    if (!dtype_ok(o->device, ref->param.dtype))
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "adamw: parameter %s is %s; master weights "
-                         "must be f32 (or f64 in tests)", name, k3rt_dtype_name(ref->param.dtype));
+                         "must be f32 (or f64 in tests on the CPU)", name,
+                         k3rt_dtype_name(ref->param.dtype));
+    if (ref->param.dtype != o->dtype)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "adamw: parameter %s is %s, the first one "
+                         "%s: every master weight must share one dtype", name,
+                         k3rt_dtype_name(ref->param.dtype), k3rt_dtype_name(o->dtype));
     int decays = role_decays(ref->decl->role);
     if (decays < 0)
         return k3rt_fail(err, K3RT_ERR_INVALID, "adamw: parameter %s has unknown role %d", name,
                          ref->decl->role);
     p->decayed = decays && !(ref->decl->flags & K3RT_PARAM_NO_DECAY);
-    p->dtype = ref->param.dtype;
     p->n = k3rt_tensor_numel(&ref->param);
-    size_t half = aligned_bytes(p);
+    size_t half = aligned_bytes(o, p);
     p->m = k3rt_alloc(o->device, 2 * half, err);
     if (!p->m)
         return k3rt_error_prefix(err, "adamw: moments of %s: ", name);
@@ -80,10 +93,33 @@ static int add_param(adamw *o, const k3rt_param_ref *ref, k3rt_stream *s, adamw_
     return k3rt_memset(s, p->m, o->device, 0, 2 * half, err);
 }
 
+/* The multi-tensor op's argument arrays; the per-parameter entries are filled by add_param's
+ * caller. */
+static int alloc_tables(adamw *o, int32_t n, k3rt_error *err)
+{
+    size_t k = (size_t)n + 1;
+    o->p = calloc(k, sizeof *o->p);
+    o->w = calloc(k, sizeof *o->w);
+    o->g = calloc(k, sizeof *o->g);
+    o->m = calloc(k, sizeof *o->m);
+    o->v = calloc(k, sizeof *o->v);
+    o->len = calloc(k, sizeof *o->len);
+    o->wd = calloc(k, sizeof *o->wd);
+    if (!o->p || !o->w || !o->g || !o->m || !o->v || !o->len || !o->wd)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "adamw: out of memory");
+    return K3RT_OK;
+}
+
 static int adamw_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
+    if (a->device < K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "adamw: device %d is neither the CPU (-1) nor a "
+                         "CUDA ordinal", a->device);
+#ifndef K3RT_PLUGIN_HAVE_CUDA
     if (a->device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "adamw has no CUDA path yet; run on the CPU");
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "adamw was built without CUDA; run on the "
+                         "CPU");
+#endif
     double b1 = k3rt_cfg_float(a->config, "beta1"), b2 = k3rt_cfg_float(a->config, "beta2");
     double eps = k3rt_cfg_float(a->config, "eps");
     if (b1 >= 1 || b2 >= 1)
@@ -99,22 +135,24 @@ static int adamw_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     if (!o)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "adamw: out of memory");
     o->device = a->device;
+    o->dtype = a->n_params > 0 ? a->params[0].param.dtype : a->dtype;
     o->beta1 = b1;
     o->beta2 = b2;
     o->eps = eps;
     o->weight_decay = k3rt_cfg_float(a->config, "weight_decay");
-    o->p = calloc((size_t)a->n_params + 1, sizeof *o->p);
-    if (!o->p) {
-        free(o);
-        return k3rt_fail(err, K3RT_ERR_NOMEM, "adamw: out of memory");
-    }
-    for (int32_t i = 0; i < a->n_params; i++) {
+    int rc = alloc_tables(o, a->n_params, err);
+    for (int32_t i = 0; !rc && i < a->n_params; i++) {
         o->n = i + 1;  /* so destroy frees what this iteration allocated */
-        int rc = add_param(o, &a->params[i], a->stream, &o->p[i], err);
-        if (rc) {
-            adamw_destroy(o);
-            return rc;
-        }
+        adamw_param *p = &o->p[i];
+        rc = add_param(o, &a->params[i], a->stream, p, err);
+        o->m[i] = p->m;
+        o->v[i] = p->v;
+        o->len[i] = p->n;
+        o->wd[i] = p->decayed ? o->weight_decay : 0.0;
+    }
+    if (rc) {
+        adamw_destroy(o);
+        return rc;
     }
     o->n = a->n_params;
     *self = o;
@@ -129,19 +167,21 @@ static int adamw_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out
     out->workspace_bytes = 0;
     out->state_bytes = 0;
     for (int32_t i = 0; i < o->n; i++)
-        out->state_bytes += 2 * o->p[i].n * (int64_t)k3rt_dtype_size(o->p[i].dtype);
+        out->state_bytes += 2 * o->p[i].n * (int64_t)k3rt_dtype_size(o->dtype);
     return K3RT_OK;
 }
 
-/* The live moments "<param>.m" / "<param>.v" and the step counter "step" [1] i64 (host). */
+/* The live moments "<param>.m" / "<param>.v" on the run's device (device memory on CUDA: the
+ * host copies through, as the tensor's device says) and the step counter "step" [1] i64 on the
+ * host. */
 static int adamw_state(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
 {
     adamw *o = self;
     char name[256];
     for (int32_t i = 0; i < o->n; i++) {
         const adamw_param *p = &o->p[i];
-        k3rt_tensor m = k3rt_tensor_view(p->m, p->dtype, o->device, 1, p->n, 0, 0, 0);
-        k3rt_tensor v = k3rt_tensor_view(p->v, p->dtype, o->device, 1, p->n, 0, 0, 0);
+        k3rt_tensor m = k3rt_tensor_view(p->m, o->dtype, o->device, 1, p->n, 0, 0, 0);
+        k3rt_tensor v = k3rt_tensor_view(p->v, o->dtype, o->device, 1, p->n, 0, 0, 0);
         snprintf(name, sizeof name, "%s.m", p->name);
         K3RT_TRY(k3rt_tensor_sink_add(sink, name, m, K3RT_STAT_LOCAL, err));
         snprintf(name, sizeof name, "%s.v", p->name);
@@ -183,7 +223,11 @@ static const k3rt_plugin_descriptor descriptor = {
     .kind = K3RT_KIND_OPTIMIZER,
     .version = "1.0.0",
     .description = "AdamW with decoupled weight decay chosen by parameter role",
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#else
     .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#endif
     .options = options,
     .n_options = sizeof options / sizeof options[0],
     .option_size = sizeof(k3rt_option),

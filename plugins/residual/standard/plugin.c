@@ -10,12 +10,20 @@ int64_t standard_stream_bytes(const standard_residual *r, int64_t batch, int64_t
 
 static int std_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
-    if (a->device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "standard residual has no CUDA path yet; "
-                         "run on the CPU");
-    if (a->dtype != K3RT_F32 && a->dtype != K3RT_F64)
+    int cpu = a->device == K3RT_DEVICE_CPU;
+    if (a->device < K3RT_DEVICE_CPU)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "standard residual: device %d is neither the "
+                         "CPU (-1) nor a CUDA ordinal", a->device);
+    if (cpu ? a->dtype != K3RT_F32 && a->dtype != K3RT_F64
+            : a->dtype != K3RT_F32 && a->dtype != K3RT_BF16)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "standard residual computes in f32 or f64 "
-                         "on the CPU, not %s", k3rt_dtype_name(a->dtype));
+                         "on the CPU and in f32 or bf16 on CUDA, not %s on %s",
+                         k3rt_dtype_name(a->dtype), cpu ? "the CPU" : "CUDA");
+#ifndef K3RT_PLUGIN_HAVE_CUDA
+    if (!cpu)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "standard residual was built without CUDA; "
+                         "run on the CPU");
+#endif
     if (a->d_model < 1)
         return k3rt_fail(err, K3RT_ERR_INVALID, "standard residual: d_model must be >= 1, "
                          "got %lld", (long long)a->d_model);
@@ -82,7 +90,11 @@ static const k3rt_plugin_descriptor descriptor = {
     .kind = K3RT_KIND_RESIDUAL,
     .version = "1.0.0",
     .description = "pre-norm residual stream: each sublayer adds its output to the stream",
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#else
     .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#endif
     .option_size = sizeof(k3rt_option),
     .instance = &instance,
     .vtable = &residual,

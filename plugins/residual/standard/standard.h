@@ -5,8 +5,8 @@
 #include <k3rt/k3rt.h>
 
 typedef struct standard_residual {
-    int dtype;      /* K3RT_F32 or K3RT_F64 */
-    int device;
+    int dtype;      /* f32 or f64 on the CPU, f32 or bf16 on CUDA: the stream's dtype */
+    int device;     /* K3RT_DEVICE_CPU or a CUDA ordinal */
     int64_t d;
     int32_t n_layers;
 } standard_residual;

@@ -7,7 +7,8 @@
  *
  * h and dh ([B, T, d] each) live in `saved`, which the engine keeps for the whole model's
  * forward and backward: h at offset 0, dh right after it. Every call is one copy or one add
- * of B*T*d elements.
+ * of B*T*d elements through k3rt_memcpy / k3rt_axpby on the call's stream, so the same code
+ * runs on the CPU and on CUDA (where h and dh are device memory in the run's dtype).
  */
 #include "standard.h"
 
@@ -15,17 +16,40 @@
 
 enum { SLOT_H = 0, SLOT_DH = 1 };
 
+static const char *device_str(int device, char *buf, size_t len)
+{
+    if (device == K3RT_DEVICE_CPU)
+        snprintf(buf, len, "the CPU");
+    else
+        snprintf(buf, len, "cuda:%d", device);
+    return buf;
+}
+
+static int on_device(const standard_residual *r, int device, const char *what, k3rt_error *err)
+{
+    if (device == r->device)
+        return K3RT_OK;
+    char have[32], want[32];
+    return k3rt_fail(err, K3RT_ERR_INVALID, "%s: on %s, but the instance runs on %s", what,
+                     device_str(device, have, sizeof have),
+                     device_str(r->device, want, sizeof want));
+}
+
+/* A [B, T, d] tensor of the run's dtype on the instance's device (a host pointer handed to a
+ * CUDA kernel, or the reverse, would fault instead of failing). */
 static int check_t(const standard_residual *r, const k3rt_residual_args *a, const k3rt_tensor *t,
                    const char *what, k3rt_error *err)
 {
     const int64_t shape[3] = {a->batch, a->seq, r->d};
-    return k3rt_tensor_expect(t, what, r->dtype, 3, shape, err);
+    K3RT_TRY(k3rt_tensor_expect(t, what, r->dtype, 3, shape, err));
+    return on_device(r, t->device, what, err);
 }
 
 /* The stream slot (h or dh) in saved, after checking the call's tensor and buffer. */
 static int slot(const standard_residual *r, const k3rt_residual_args *a, int which, void **out,
                 k3rt_error *err)
 {
+    K3RT_TRY(on_device(r, k3rt_stream_device(a->stream), "standard residual stream", err));
     K3RT_TRY(check_t(r, a, &a->t, "standard residual t", err));
     int64_t bytes = standard_stream_bytes(r, a->batch, a->seq);
     if (!a->saved || a->saved_bytes < 2 * bytes)
@@ -113,6 +137,7 @@ static int has_partial(const k3rt_tensor *p) { return p->ndim > 0; }
 static int check_op(const standard_residual *r, const k3rt_residual_args *a,
                     const k3rt_tensor *sources, const k3rt_tensor *partial, k3rt_error *err)
 {
+    K3RT_TRY(on_device(r, k3rt_stream_device(a->stream), "standard residual stream", err));
     K3RT_TRY(check_t(r, a, &a->t, "standard residual t", err));
     if (a->n_sources < 0 || (a->n_sources > 0 && !sources))
         return k3rt_fail(err, K3RT_ERR_INVALID, "standard residual: %d sources given without "

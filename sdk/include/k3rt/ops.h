@@ -157,6 +157,17 @@ K3RT_API int k3rt_adamw_step(k3rt_stream *s, int dtype, void *param, const void 
                              void *v, int64_t n, double lr, double beta1, double beta2,
                              double eps, double weight_decay, int64_t step, k3rt_error *err);
 
+/* The same step over `count` tensors that share dtype, lr, betas, eps and step: tensor i is
+ * param[i], grad[i], m[i], v[i] of n[i] elements with decay weight_decay[i] (weight_decay NULL:
+ * no decay on any). The arrays are HOST arrays of device pointers. On CUDA (f32 only, as
+ * k3rt_adamw_step) every tensor is updated by one kernel launch; on the CPU it equals
+ * k3rt_adamw_step called per tensor. A tensor with n[i] == 0 is skipped. */
+K3RT_API int k3rt_adamw_step_multi(k3rt_stream *s, int dtype, int64_t count, void *const *param,
+                                   const void *const *grad, void *const *m, void *const *v,
+                                   const int64_t *n, const double *weight_decay, double lr,
+                                   double beta1, double beta2, double eps, int64_t step,
+                                   k3rt_error *err);
+
 /* ---- CPU parallelism ------------------------------------------------------------------------- */
 
 /* Runs fn over [0, n) split into contiguous ranges across the stream's CPU threads (inline when

@@ -1,0 +1,138 @@
+// The attention core's entry points (mla_cuda.h): argument checks, the choice between the
+// tensor-core kernels (attn_tc.cu) and the fp32 ones (attn_simple.cu), the backward's row dots
+// and the per-head reduction of the forward's block maxima.
+#include "cuda_common.cuh"
+
+int mla_cu_fail(k3rt_error *err, cudaError_t e, const char *what)
+{
+    return k3rt_fail(err, K3RT_ERR_DEVICE, "mla: CUDA %s failed: %s (%s)", what,
+                     cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+int mla_smem_limit(int *bytes, k3rt_error *err)
+{
+    int dev;
+    MLA_CU_TRY(cudaGetDevice(&dev), "cudaGetDevice");
+    MLA_CU_TRY(cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+               "cudaDeviceGetAttribute");
+    return K3RT_OK;
+}
+
+namespace {
+
+int check(const mla_attn *a, int backward, k3rt_error *err)
+{
+    if (a->dtype != K3RT_F32 && a->dtype != K3RT_BF16)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "mla attention: dtype %s is not supported on "
+                         "CUDA (f32 or bf16)", k3rt_dtype_name(a->dtype));
+    if (a->B < 1 || a->T < 1 || a->H < 1 || a->dqk < 1 || a->dv < 1)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "mla attention: sizes must be >= 1 (B %lld, T "
+                         "%lld, H %lld, dqk %lld, dv %lld)", (long long)a->B, (long long)a->T,
+                         (long long)a->H, (long long)a->dqk, (long long)a->dv);
+    if (a->T > (int64_t)MLA_CUDA_MAX_ROWS * 65535 || a->B * a->H > 0x7fffffff)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "mla attention: T = %lld or B*H = %lld is past "
+                         "the launch grid's limits (T <= %d, B*H < 2^31)", (long long)a->T,
+                         (long long)(a->B * a->H), MLA_CUDA_MAX_ROWS * 65535);
+    if (!a->q || !a->k || !a->v || !a->o || !a->lse)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "mla attention: q, k, v, o and lse are needed");
+    if (backward && (!a->dout || !a->dq || !a->dk || !a->dv_out || !a->drow))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "mla attention backward: dout, dq, dk, dv and "
+                         "the drow scratch are needed");
+    if (backward && !a->deterministic && mla_tc_supported(a) &&
+        (!a->dq_acc || ((uintptr_t)a->dq_acc & 15)))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "mla attention backward: the non-deterministic "
+                         "tensor-core backward needs dq_acc, 16-byte aligned f32 scratch of "
+                         "B*T*H*dqk = %lld elements (or deterministic = 1)",
+                         (long long)(a->B * a->T * a->H * a->dqk));
+    return K3RT_OK;
+}
+
+// One warp per row: drow = dout . o over dv, in fp32. Rows are tokens x heads as stored.
+template <typename T>
+__global__ void row_dots_kernel(const T *dout, const T *o, float *drow, int64_t rows, int64_t T_,
+                                int64_t H, int64_t dv)
+{
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows)
+        return;  // the whole warp leaves together
+    const T *x = dout + row * dv, *y = o + row * dv;
+    float s = 0.0f;
+    for (int64_t c = lane; c < dv; c += 32)
+        s += to_f(x[c]) * to_f(y[c]);
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, m);
+    if (lane == 0) {
+        int64_t n = row / H, h = row % H, b = n / T_, t = n % T_;
+        drow[(b * H + h) * T_ + t] = s;
+    }
+}
+
+__global__ void head_max_kernel(const float *bmax, int64_t B, int64_t H, int64_t blocks,
+                                float *head_max, int combine)
+{
+    int64_t h = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= H)
+        return;
+    float m = combine ? head_max[h] : -INFINITY;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < blocks; i++)
+            m = nan_max(m, bmax[(b * H + h) * blocks + i]);
+    head_max[h] = m;
+}
+
+}  // namespace
+
+int mla_row_dots(cudaStream_t st, const mla_attn *a, k3rt_error *err)
+{
+    int64_t rows = a->B * a->T * a->H;
+    unsigned grid = (unsigned)((rows + 7) / 8);
+    if (a->dtype == K3RT_BF16)
+        row_dots_kernel<bf16><<<grid, 256, 0, st>>>((const bf16 *)a->dout, (const bf16 *)a->o,
+                                                    a->drow, rows, a->T, a->H, a->dv);
+    else
+        row_dots_kernel<float><<<grid, 256, 0, st>>>((const float *)a->dout,
+                                                     (const float *)a->o, a->drow, rows, a->T,
+                                                     a->H, a->dv);
+    MLA_LAUNCHED("row_dots_kernel");
+    return K3RT_OK;
+}
+
+extern "C" int mla_cuda_enter(int device, k3rt_error *err)
+{
+    MLA_CU_TRY(cudaSetDevice(device), "cudaSetDevice");
+    return K3RT_OK;
+}
+
+extern "C" const char *mla_attn_path(const mla_attn *a)
+{
+    return mla_tc_supported(a) ? "tensor-core" : "fp32";
+}
+
+extern "C" int mla_attn_fwd_cuda(void *stream, const mla_attn *a, k3rt_error *err)
+{
+    K3RT_TRY(check(a, 0, err));
+    cudaStream_t st = (cudaStream_t)stream;
+    return mla_tc_supported(a) ? mla_tc_fwd(st, a, err) : mla_simple_fwd(st, a, err);
+}
+
+extern "C" int mla_attn_bwd_cuda(void *stream, const mla_attn *a, k3rt_error *err)
+{
+    K3RT_TRY(check(a, 1, err));
+    cudaStream_t st = (cudaStream_t)stream;
+    K3RT_TRY(mla_row_dots(st, a, err));
+    return mla_tc_supported(a) ? mla_tc_bwd(st, a, err) : mla_simple_bwd(st, a, err);
+}
+
+extern "C" int mla_head_max_cuda(void *stream, const float *block_max, int64_t B, int64_t H,
+                                 int64_t T, float *head_max, int combine, k3rt_error *err)
+{
+    if (!block_max || !head_max || B < 1 || H < 1 || T < 1)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "mla head max: bad arguments");
+    int64_t blocks = (T + MLA_CUDA_MAX_ROWS - 1) / MLA_CUDA_MAX_ROWS;
+    head_max_kernel<<<(unsigned)((H + 127) / 128), 128, 0, (cudaStream_t)stream>>>(
+        block_max, B, H, blocks, head_max, combine);
+    MLA_LAUNCHED("head_max_kernel");
+    return K3RT_OK;
+}

@@ -1,0 +1,506 @@
+// Causal flash attention backward for bf16 on the tensor cores (tc.cuh), MLA's head widths
+// (dqk, dv) = (192, 128) and (128, 128); the forward is attn_tc.cu. Two schedules:
+//
+//   one pass (not deterministic)  one block per (b*h, 16*NW keys), NW warps of 16 keys; the
+//            query tiles (BM rows, double buffered) at and after the keys: S^T = K Q^T,
+//            P^T = exp2(S^T - lse), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D),
+//            dK += dS^T Q, all per warp in registers; then dS^T goes through shared memory and
+//            the block adds dS K into an f32 dQ accumulator with float2 atomics (a small kernel
+//            scales it into dq). Five products, the usual FLOP count; the order of the dQ sums
+//            varies between runs.
+//   two passes (deterministic)  the same dK/dV kernel without the dQ stage (BM = 32), then
+//            one block per (b*h, 16*NW query rows), NW warps of 16 rows whose Q fragments stay
+//            in registers; key tiles of 32 (double buffered) up to the rows: S, P, dP, dS as
+//            above, dQ += dS K. Each sum has a fixed order, no atomics; the price is
+//            recomputing S and dP: 7 products.
+// Warps whose keys all follow a tile's rows (or whose rows all precede a tile's keys) skip it.
+#include "tc.cuh"
+
+namespace {
+
+using namespace mla_tc;
+
+// ---- dK and dV (and the one-pass dQ stage) -----------------------------------------------------
+
+// ATOMIC adds the dQ stage: dS^T of the tile into shared memory ([BN keys][BM rows], rows padded
+// by 16 bytes), then dQ (BM x DQK) = dS K with the warps as MW row groups of WM rows times CW
+// column groups of WN columns.
+template <int DQK, int DV, int NW, int BM_, bool ATOMIC> struct BwdKV {
+    static constexpr int THREADS = NW * 32, BN = NW * 16, BM = BM_, QS = DQK + 8, VS = DV + 8;
+    static constexpr int DSS = BM + 8, WM = 32, MW = BM / WM, CW = NW / MW, WN = DQK / CW;
+    static constexpr int SMEM =
+        (BN * QS + BN * VS + 2 * BM * QS + 2 * BM * VS + (ATOMIC ? BN * DSS : 0)) * 2 +
+        4 * BM * 4;
+    static_assert(BN % BM == 0 && BM % 16 == 0, "key blocks begin at query tiles");
+    static_assert(!ATOMIC || (BM % WM == 0 && NW % MW == 0 && DQK % CW == 0 && WN % 8 == 0),
+                  "the dQ stage's warp grid does not divide the tile");
+};
+
+// The dQ stage of the one-pass backward: rows [r0, r0 + BM) of dQ += dS K over the block's keys
+// k0 + [0, BN) (unscaled; dq_out applies the scale), added to the f32 accumulator acc (row
+// pitch ld) with float2 atomics. Only the keys of warps that were live for the tile (at most the
+// tile's last row, before T) are summed: exactly the 16-key steps whose dS^T was written.
+template <typename C>
+__device__ __forceinline__ void dq_stage(const bf16 *sdS, const bf16 *sK, float *acc, int64_t ld,
+                                         int k0, int r0, int T, int warp, int lane)
+{
+    const int g = lane >> 2, t4 = lane & 3;
+    const int nks = (min(min(C::BN, r0 + C::BM - k0), T - k0) + 15) / 16;
+    const int mr = (warp / C::CW) * C::WM, nc = (warp % C::CW) * C::WN;
+    float d[C::WM / 16][C::WN / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < C::WM / 16; mt++)
+#pragma unroll
+        for (int n = 0; n < C::WN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                d[mt][n][e] = 0.0f;
+#pragma unroll 2
+    for (int ks = 0; ks < nks; ks++) {
+        // A = dS (rows x keys) from its transpose; B = K (keys x columns).
+        uint32_t a[C::WM / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < C::WM / 16; mt++)
+            ldsm_t(a[mt], b_addr<C::DSS>(sdS, ks * 16, mr + mt * 16, lane));
+#pragma unroll
+        for (int np = 0; np < C::WN / 16; np++) {
+            uint32_t bb[4];
+            ldsm_t(bb, bt_addr<C::QS>(sK, ks * 16, nc + np * 16, lane));
+#pragma unroll
+            for (int mt = 0; mt < C::WM / 16; mt++) {
+                mma(d[mt][2 * np], a[mt], bb[0], bb[1]);
+                mma(d[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+            }
+        }
+        if constexpr (C::WN % 16 != 0) {  // the last 8 columns
+            uint32_t b2[2];
+            ldsm_t2(b2, bt_addr<C::QS>(sK, ks * 16, nc + C::WN - 8, lane));
+#pragma unroll
+            for (int mt = 0; mt < C::WM / 16; mt++)
+                mma(d[mt][C::WN / 8 - 1], a[mt], b2[0], b2[1]);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < C::WM / 16; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int row = r0 + mr + mt * 16 + g + hf * 8;
+            if (row >= T)
+                continue;
+            float *dst = acc + (int64_t)row * ld + nc + 2 * t4;
+#pragma unroll
+            for (int n = 0; n < C::WN / 8; n++)
+                atomicAdd(reinterpret_cast<float2 *>(dst + n * 8),
+                          make_float2(d[mt][n][2 * hf], d[mt][n][2 * hf + 1]));
+        }
+}
+
+template <int DQK, int DV, int NW, int BM, bool ATOMIC>
+__global__ void __launch_bounds__(NW * 32, 8 / NW)
+kv_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+          const bf16 *__restrict__ dout, const float *__restrict__ lse,
+          const float *__restrict__ drow, bf16 *__restrict__ dk, bf16 *__restrict__ dv,
+          float *__restrict__ dq_acc, int T, int H, float sl2, float scale)
+{
+    using C = BwdKV<DQK, DV, NW, BM, ATOMIC>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sK = reinterpret_cast<bf16 *>(smem), *sV = sK + C::BN * C::QS,
+         *sQ = sV + C::BN * C::VS, *sO = sQ + 2 * C::BM * C::QS, *sdS = sO + 2 * C::BM * C::VS;
+    float *sL = reinterpret_cast<float *>(sdS + (ATOMIC ? C::BN * C::DSS : 0)),
+          *sD = sL + 2 * C::BM;
+    const int bh = blockIdx.x, b = bh / H, h = bh % H;
+    const int k0 = blockIdx.y * C::BN;  // the first key blocks have the most rows: first
+    const int64_t ldq = (int64_t)H * DQK, ldv = (int64_t)H * DV, tok = (int64_t)b * T * H + h;
+    const bf16 *Qg = q + tok * DQK, *Kg = k + tok * DQK, *Vg = v + tok * DV, *Og = dout + tok * DV;
+    const float *Lg = lse + (int64_t)bh * T, *Dg = drow + (int64_t)bh * T;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int kw = warp * 16, nqt = (T + C::BM - 1) / C::BM, i0 = k0 / C::BM;
+    const int wkey0 = k0 + kw;  // this warp's first key
+
+    load_tile<C::BN, DQK, C::QS, C::THREADS>(sK, Kg, ldq, k0, T, tid);
+    load_tile<C::BN, DV, C::VS, C::THREADS>(sV, Vg, ldv, k0, T, tid);
+    load_rows<C::BM, DQK, DV, C::QS, C::VS, C::THREADS>(sQ, sO, sL, sD, Qg, Og, Lg, Dg, ldq,
+                                                        ldv, i0 * C::BM, T, tid);
+    cp_async_commit();
+
+    float dka[DQK / 8][4], dva[DV / 8][4];
+#pragma unroll
+    for (int n = 0; n < DQK / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dka[n][e] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < DV / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dva[n][e] = 0.0f;
+
+    for (int i = i0; i < nqt; i++) {
+        const int buf = (i - i0) & 1, r0 = i * C::BM;
+        cp_async_wait_all();
+        __syncthreads();  // this buffer is in; every warp is done with the other one
+        if (i + 1 < nqt) {
+            const int nb = buf ^ 1;
+            load_rows<C::BM, DQK, DV, C::QS, C::VS, C::THREADS>(
+                sQ + nb * C::BM * C::QS, sO + nb * C::BM * C::VS, sL + nb * C::BM,
+                sD + nb * C::BM, Qg, Og, Lg, Dg, ldq, ldv, r0 + C::BM, T, tid);
+        }
+        cp_async_commit();
+        const bf16 *tQ = sQ + buf * C::BM * C::QS, *tO = sO + buf * C::BM * C::VS;
+        const float *tL = sL + buf * C::BM, *tD = sD + buf * C::BM;
+        // A warp whose keys all follow the tile's rows, or are all past T, has nothing to add
+        // (barriers still run for the block).
+        const bool live = r0 + C::BM - 1 >= wkey0 && wkey0 < T;
+        if (!ATOMIC && !live)
+            continue;
+
+        // S^T = K_w Q^T and dP^T = V_w dO^T (16 keys x BM rows), one 16-deep step at a time.
+        float st[C::BM / 8][4], dpt[C::BM / 8][4];
+#pragma unroll
+        for (int n = 0; n < C::BM / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                st[n][e] = dpt[n][e] = 0.0f;
+        auto s_step = [&](int ks) {
+            uint32_t a[4];
+            ldsm(a, a_addr<C::QS>(sK, kw, ks * 16, lane));
+#pragma unroll
+            for (int np = 0; np < C::BM / 16; np++) {
+                uint32_t bb[4];
+                ldsm(bb, b_addr<C::QS>(tQ, np * 16, ks * 16, lane));
+                mma(st[2 * np], a, bb[0], bb[1]);
+                mma(st[2 * np + 1], a, bb[2], bb[3]);
+            }
+        };
+        auto dp_step = [&](int ks) {
+            uint32_t a[4];
+            ldsm(a, a_addr<C::VS>(sV, kw, ks * 16, lane));
+#pragma unroll
+            for (int np = 0; np < C::BM / 16; np++) {
+                uint32_t bb[4];
+                ldsm(bb, b_addr<C::VS>(tO, np * 16, ks * 16, lane));
+                mma(dpt[2 * np], a, bb[0], bb[1]);
+                mma(dpt[2 * np + 1], a, bb[2], bb[3]);
+            }
+        };
+        // P^T = exp2(S^T sl2 - lse2), masked to 0, in st; dS^T = P^T (dP^T - D) in dpt.
+        const bool masked = r0 < wkey0 + 15 || r0 + C::BM > T || wkey0 + 16 > T;
+        auto to_p = [&]() {
+#pragma unroll
+            for (int n = 0; n < C::BM / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = n * 8 + 2 * t4 + (e & 1), row = r0 + c;
+                    const int key = wkey0 + g + (e >> 1) * 8;
+                    float p = ex2(st[n][e] * sl2 - tL[c]);
+                    st[n][e] = masked && (row < key || row >= T || key >= T) ? 0.0f : p;
+                }
+        };
+        auto to_ds = [&]() {
+#pragma unroll
+            for (int n = 0; n < C::BM / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    dpt[n][e] = st[n][e] * (dpt[n][e] - tD[n * 8 + 2 * t4 + (e & 1)]);
+        };
+        // dV += P^T dO;  dK += dS^T Q (the scale is applied once, at the store)
+        auto dv_update = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < C::BM / 16; kk++) {
+                uint32_t pa[4];
+                c_to_a(pa, st[2 * kk], st[2 * kk + 1]);
+#pragma unroll
+                for (int dp = 0; dp < DV / 16; dp++) {
+                    uint32_t bb[4];
+                    ldsm_t(bb, bt_addr<C::VS>(tO, kk * 16, dp * 16, lane));
+                    mma(dva[2 * dp], pa, bb[0], bb[1]);
+                    mma(dva[2 * dp + 1], pa, bb[2], bb[3]);
+                }
+            }
+        };
+        auto dk_update = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < C::BM / 16; kk++) {
+                uint32_t da[4];
+                c_to_a(da, dpt[2 * kk], dpt[2 * kk + 1]);
+                if constexpr (ATOMIC) {  // dS^T as bf16 pairs: keys g, g+8 x rows 2t, 2t+1
+                    bf16 *lo = sdS + (kw + g) * C::DSS + kk * 16 + 2 * t4,
+                         *hi = lo + 8 * C::DSS;
+                    *reinterpret_cast<uint32_t *>(lo) = da[0];
+                    *reinterpret_cast<uint32_t *>(hi) = da[1];
+                    *reinterpret_cast<uint32_t *>(lo + 8) = da[2];
+                    *reinterpret_cast<uint32_t *>(hi + 8) = da[3];
+                }
+#pragma unroll
+                for (int dp = 0; dp < DQK / 16; dp++) {
+                    uint32_t bb[4];
+                    ldsm_t(bb, bt_addr<C::QS>(tQ, kk * 16, dp * 16, lane));
+                    mma(dka[2 * dp], da, bb[0], bb[1]);
+                    mma(dka[2 * dp + 1], da, bb[2], bb[3]);
+                }
+            }
+        };
+
+        // dV before dP^T: P^T and dP^T are live together only briefly, which keeps the kernel
+        // within 255 registers without spills (computing S^T and dP^T side by side spilled and
+        // ran 7% slower at 192/128).
+        if (live) {
+#pragma unroll 4
+            for (int ks = 0; ks < DQK / 16; ks++)
+                s_step(ks);
+            to_p();
+            dv_update();
+#pragma unroll 4
+            for (int ks = 0; ks < DV / 16; ks++)
+                dp_step(ks);
+            to_ds();
+            dk_update();
+        }
+        if constexpr (ATOMIC) {
+            __syncthreads();  // every live warp's dS^T is in sdS
+            dq_stage<C>(sdS, sK, dq_acc + tok * DQK, ldq, k0, r0, T, warp, lane);
+        }
+    }
+
+    bf16 *dKg = dk + tok * DQK, *dVg = dv + tok * DV;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int key = wkey0 + g + hf * 8;
+        if (key >= T)
+            continue;
+        bf16 *kr = dKg + (int64_t)key * ldq + 2 * t4, *vr = dVg + (int64_t)key * ldv + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < DQK / 8; n++)
+            *reinterpret_cast<__nv_bfloat162 *>(kr + n * 8) = __floats2bfloat162_rn(
+                dka[n][2 * hf] * scale, dka[n][2 * hf + 1] * scale);
+#pragma unroll
+        for (int n = 0; n < DV / 8; n++)
+            *reinterpret_cast<__nv_bfloat162 *>(vr + n * 8) =
+                __floats2bfloat162_rn(dva[n][2 * hf], dva[n][2 * hf + 1]);
+    }
+}
+
+// ---- the deterministic dQ pass -----------------------------------------------------------------
+
+template <int DQK, int DV, int NW> struct BwdQ {
+    static constexpr int THREADS = NW * 32, BM = NW * 16, BN = 32, QS = DQK + 8, VS = DV + 8;
+    static constexpr int SMEM = (BM * QS + BM * VS + 2 * BN * QS + 2 * BN * VS) * 2 + 2 * BM * 4;
+};
+
+// The warp's rows of Q are the A operand of every S product: they stay in registers (dO's
+// too would spill).
+template <int DQK, int DV, int NW>
+__global__ void __launch_bounds__(NW * 32, 8 / NW)
+dq_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+          const bf16 *__restrict__ dout, const float *__restrict__ lse,
+          const float *__restrict__ drow, bf16 *__restrict__ dq, int T, int H, float sl2,
+          float scale)
+{
+    using C = BwdQ<DQK, DV, NW>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sQ = reinterpret_cast<bf16 *>(smem), *sO = sQ + C::BM * C::QS,
+         *sK = sO + C::BM * C::VS, *sV = sK + 2 * C::BN * C::QS;
+    float *sL = reinterpret_cast<float *>(sV + 2 * C::BN * C::VS), *sD = sL + C::BM;
+    const int bh = blockIdx.x, b = bh / H, h = bh % H;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * C::BM;
+    const int64_t ldq = (int64_t)H * DQK, ldv = (int64_t)H * DV, tok = (int64_t)b * T * H + h;
+    const bf16 *Qg = q + tok * DQK, *Kg = k + tok * DQK, *Vg = v + tok * DV, *Og = dout + tok * DV;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int qw = warp * 16, wrow0 = q0 + qw;
+    const int nkt = (min(T, q0 + C::BM) + C::BN - 1) / C::BN;
+
+    load_rows<C::BM, DQK, DV, C::QS, C::VS, C::THREADS>(sQ, sO, sL, sD, Qg, Og,
+                                                        lse + (int64_t)bh * T,
+                                                        drow + (int64_t)bh * T, ldq, ldv, q0, T,
+                                                        tid);
+    load_tile<C::BN, DQK, C::QS, C::THREADS>(sK, Kg, ldq, 0, T, tid);
+    load_tile<C::BN, DV, C::VS, C::THREADS>(sV, Vg, ldv, 0, T, tid);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+
+    uint32_t qf[DQK / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < DQK / 16; ks++)
+        ldsm(qf[ks], a_addr<C::QS>(sQ, qw, ks * 16, lane));
+    float dqa[DQK / 8][4];
+#pragma unroll
+    for (int n = 0; n < DQK / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dqa[n][e] = 0.0f;
+
+    for (int j = 0; j < nkt; j++) {
+        const int buf = j & 1, k0 = j * C::BN;
+        if (j + 1 < nkt) {  // every warp passed the barrier that ended its use of buf ^ 1
+            const int nb = buf ^ 1;
+            load_tile<C::BN, DQK, C::QS, C::THREADS>(sK + nb * C::BN * C::QS, Kg, ldq,
+                                                     k0 + C::BN, T, tid);
+            load_tile<C::BN, DV, C::VS, C::THREADS>(sV + nb * C::BN * C::VS, Vg, ldv, k0 + C::BN,
+                                                    T, tid);
+        }
+        cp_async_commit();
+        const bf16 *tK = sK + buf * C::BN * C::QS, *tV = sV + buf * C::BN * C::VS;
+
+        // Rows all before the tile's keys, or all past T: nothing to add.
+        if (k0 <= wrow0 + 15 && wrow0 < T) {
+            float s[C::BN / 8][4], dp[C::BN / 8][4];
+#pragma unroll
+            for (int n = 0; n < C::BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[n][e] = dp[n][e] = 0.0f;
+            // S = Q_w K^T and dP = dO_w V^T.
+            auto s_step = [&](int ks) {
+#pragma unroll
+                for (int np = 0; np < C::BN / 16; np++) {
+                    uint32_t bb[4];
+                    ldsm(bb, b_addr<C::QS>(tK, np * 16, ks * 16, lane));
+                    mma(s[2 * np], qf[ks], bb[0], bb[1]);
+                    mma(s[2 * np + 1], qf[ks], bb[2], bb[3]);
+                }
+            };
+            auto dp_step = [&](int ks) {
+                uint32_t a[4];
+                ldsm(a, a_addr<C::VS>(sO, qw, ks * 16, lane));
+#pragma unroll
+                for (int np = 0; np < C::BN / 16; np++) {
+                    uint32_t bb[4];
+                    ldsm(bb, b_addr<C::VS>(tV, np * 16, ks * 16, lane));
+                    mma(dp[2 * np], a, bb[0], bb[1]);
+                    mma(dp[2 * np + 1], a, bb[2], bb[3]);
+                }
+            };
+#pragma unroll
+            for (int ks = 0; ks < DQK / 16; ks++)
+                s_step(ks);
+#pragma unroll 4
+            for (int ks = 0; ks < DV / 16; ks++)
+                dp_step(ks);
+            // dS = P (dP - D), P = exp2(S sl2 - lse2), masked to 0.
+            const bool masked = k0 + C::BN - 1 > wrow0 || k0 + C::BN > T || wrow0 + 16 > T;
+#pragma unroll
+            for (int n = 0; n < C::BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = qw + g + (e >> 1) * 8, row = q0 + r;
+                    const int key = k0 + n * 8 + 2 * t4 + (e & 1);
+                    float p = ex2(s[n][e] * sl2 - sL[r]);
+                    if (masked && (key > row || key >= T || row >= T))
+                        p = 0.0f;
+                    s[n][e] = p * (dp[n][e] - sD[r]);
+                }
+            // dQ += dS K
+#pragma unroll
+            for (int kk = 0; kk < C::BN / 16; kk++) {
+                uint32_t da[4];
+                c_to_a(da, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+                for (int d = 0; d < DQK / 16; d++) {
+                    uint32_t bb[4];
+                    ldsm_t(bb, bt_addr<C::QS>(tK, kk * 16, d * 16, lane));
+                    mma(dqa[2 * d], da, bb[0], bb[1]);
+                    mma(dqa[2 * d + 1], da, bb[2], bb[3]);
+                }
+            }
+        }
+        cp_async_wait_all();  // the next tile
+        __syncthreads();      // ... for every warp, and every warp is done with this one
+    }
+
+    bf16 *dQg = dq + tok * DQK;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int row = wrow0 + g + hf * 8;
+        if (row >= T)
+            continue;
+        bf16 *qr = dQg + (int64_t)row * ldq + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < DQK / 8; n++)
+            *reinterpret_cast<__nv_bfloat162 *>(qr + n * 8) = __floats2bfloat162_rn(
+                dqa[n][2 * hf] * scale, dqa[n][2 * hf + 1] * scale);
+    }
+}
+
+// ---- launchers --------------------------------------------------------------------------------
+
+// f32 dQ accumulator -> dq as bf16, times the softmax scale; 4 elements per thread and step.
+__global__ void dq_out_kernel(const float4 *__restrict__ acc, uint2 *__restrict__ dq, int64_t n4,
+                              float scale)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 x = acc[i];
+        uint2 y;
+        y.x = pack(x.x * scale, x.y * scale);
+        y.y = pack(x.z * scale, x.w * scale);
+        dq[i] = y;
+    }
+}
+
+template <int DQK, int DV, int NW> int two_pass(cudaStream_t st, const mla_attn *a, k3rt_error *err)
+{
+    using KV = BwdKV<DQK, DV, NW, 32, false>;
+    using Q = BwdQ<DQK, DV, NW>;
+    const float sl2 = (float)(a->scale * kLog2e), scale = (float)a->scale;
+    const unsigned bh = (unsigned)(a->B * a->H);
+    K3RT_TRY(allow_smem(kv_kernel<DQK, DV, NW, 32, false>, KV::SMEM, err));
+    K3RT_TRY(allow_smem(dq_kernel<DQK, DV, NW>, Q::SMEM, err));
+    kv_kernel<DQK, DV, NW, 32, false><<<dim3(bh, (unsigned)((a->T + KV::BN - 1) / KV::BN)),
+                                        KV::THREADS, KV::SMEM, st>>>(
+        (const bf16 *)a->q, (const bf16 *)a->k, (const bf16 *)a->v, (const bf16 *)a->dout,
+        a->lse, a->drow, (bf16 *)a->dk, (bf16 *)a->dv_out, nullptr, (int)a->T, (int)a->H, sl2,
+        scale);
+    MLA_LAUNCHED("mla kv_kernel (dK, dV)");
+    dq_kernel<DQK, DV, NW><<<dim3(bh, (unsigned)((a->T + Q::BM - 1) / Q::BM)), Q::THREADS,
+                             Q::SMEM, st>>>(
+        (const bf16 *)a->q, (const bf16 *)a->k, (const bf16 *)a->v, (const bf16 *)a->dout,
+        a->lse, a->drow, (bf16 *)a->dq, (int)a->T, (int)a->H, sl2, scale);
+    MLA_LAUNCHED("mla dq_kernel");
+    return K3RT_OK;
+}
+
+template <int DQK, int DV, int NW, int BM>
+int one_pass(cudaStream_t st, const mla_attn *a, k3rt_error *err)
+{
+    using KV = BwdKV<DQK, DV, NW, BM, true>;
+    const float sl2 = (float)(a->scale * kLog2e), scale = (float)a->scale;
+    const unsigned bh = (unsigned)(a->B * a->H);
+    const int64_t n = a->B * a->T * a->H * DQK;  // a multiple of 4: DQK is
+    K3RT_TRY(allow_smem(kv_kernel<DQK, DV, NW, BM, true>, KV::SMEM, err));
+    MLA_CU_TRY(cudaMemsetAsync(a->dq_acc, 0, (size_t)n * sizeof(float), st),
+               "cudaMemsetAsync (the dQ accumulator)");
+    kv_kernel<DQK, DV, NW, BM, true><<<dim3(bh, (unsigned)((a->T + KV::BN - 1) / KV::BN)),
+                                       KV::THREADS, KV::SMEM, st>>>(
+        (const bf16 *)a->q, (const bf16 *)a->k, (const bf16 *)a->v, (const bf16 *)a->dout,
+        a->lse, a->drow, (bf16 *)a->dk, (bf16 *)a->dv_out, a->dq_acc, (int)a->T, (int)a->H,
+        sl2, scale);
+    MLA_LAUNCHED("mla kv_kernel (dK, dV, atomic dQ)");
+    const int64_t n4 = n / 4, blocks = (n4 + 255) / 256;
+    dq_out_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(
+        (const float4 *)a->dq_acc, (uint2 *)a->dq, n4, scale);
+    MLA_LAUNCHED("mla dq_out_kernel");
+    return K3RT_OK;
+}
+
+// Warps per block, measured on the H200 (B=8, T=4096, H=8, 192/128): the two-pass backward is
+// 5-7% faster with 8 than with 4 (one block per multiprocessor; the shared tiles are read from
+// L2 half as often, and the dK/dV pass no longer spills).
+constexpr int kBwdWarps = 8;
+// Query rows per tile of the one-pass backward. 64 reads each K and V fragment for twice the
+// products and halves the barriers per row; at 192/128 it spills (184 bytes), so 32 there.
+// MLA_TC_BM128 (64 or 32) picks the 128/128 size at build time, for comparisons.
+#ifndef MLA_TC_BM128
+#define MLA_TC_BM128 64
+#endif
+
+}  // namespace
+
+int mla_tc_bwd(cudaStream_t st, const mla_attn *a, k3rt_error *err)
+{
+    if (a->deterministic)
+        return a->dqk == 192 ? two_pass<192, 128, kBwdWarps>(st, a, err)
+                             : two_pass<128, 128, kBwdWarps>(st, a, err);
+    return a->dqk == 192 ? one_pass<192, 128, kBwdWarps, 32>(st, a, err)
+                         : one_pass<128, 128, kBwdWarps, MLA_TC_BM128>(st, a, err);
+}

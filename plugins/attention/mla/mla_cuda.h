@@ -1,0 +1,83 @@
+/* The MLA plugin's own CUDA kernels behind a C interface (the .cu files of this folder): the
+ * causal attention core and the per-token loops around it. Pointers are device pointers of the
+ * call's dtype (K3RT_F32 or K3RT_BF16) unless typed float, which are f32 in either case;
+ * `stream` is the cudaStream_t (k3rt_stream_native). Every function returns a k3rt status and
+ * names what was wrong in err.
+ *
+ * Layouts, N = B*T tokens: Q, K [B, T, H, dqk]; V, O [B, T, H, dv]; lse and row dots [B, H, T].
+ */
+#ifndef K3RT_PLUGIN_MLA_CUDA_H
+#define K3RT_PLUGIN_MLA_CUDA_H
+
+#include <k3rt/k3rt.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Rows per block of the per-block maxima (block_max): the smallest query tile of any kernel. */
+#define MLA_CUDA_MAX_ROWS 32
+
+/* One causal softmax attention, softmax(scale Q K^T + mask) V, per (batch, head):
+ *   forward   reads q, k, v; writes o and lse (natural log-sum-exp of each row's scaled logits)
+ *             and, when block_max is not NULL, the largest scaled logit of every
+ *             MLA_CUDA_MAX_ROWS rows ([B*H, ceil(T/32)], NaN when a row's sum is NaN);
+ *   backward  reads q, k, v, o, lse, dout; writes dq, dk, dv (overwritten), using drow
+ *             ([B, H, T] f32 scratch). With `deterministic` no float atomics and fixed
+ *             summation orders: the same bits on every run. Without it the tensor-core
+ *             backward makes one pass and sums dQ with float atomics into dq_acc ([B, T, H, dqk]
+ *             f32 scratch, 16-byte aligned, needed then): about 1.4x less work, last bits of dq
+ *             varying between runs. The fp32 kernels are deterministic in either mode.
+ * bf16 with (dqk, dv) = (192, 128) or (128, 128) and 16-byte aligned rows runs on the tensor
+ * cores (mma.sync m16n8k16, fp32 accumulation, online softmax); every other case runs the
+ * fp32-arithmetic kernels (exact fp32 for f32 data), for head widths up to what shared memory
+ * holds. */
+typedef struct mla_attn {
+    int dtype;
+    int64_t B, T, H, dqk, dv;
+    double scale;
+    const void *q, *k, *v;
+    void *o;
+    float *lse;
+    float *block_max;
+    const void *dout;
+    void *dq, *dk, *dv_out;
+    float *drow;
+    int deterministic;
+    float *dq_acc;
+} mla_attn;
+
+/* Makes `device` current on the calling thread (the kernels launch on the current device). */
+int mla_cuda_enter(int device, k3rt_error *err);
+
+int mla_attn_fwd_cuda(void *stream, const mla_attn *a, k3rt_error *err);
+int mla_attn_bwd_cuda(void *stream, const mla_attn *a, k3rt_error *err);
+/* Which kernels mla_attn_*_cuda choose for a: "tensor-core" or "fp32". */
+const char *mla_attn_path(const mla_attn *a);
+
+/* head_max[h] = max over b and row blocks of block_max[(b*H + h), :], NaN-propagating; when
+ * `combine`, also max with the old head_max[h]. */
+int mla_head_max_cuda(void *stream, const float *block_max, int64_t B, int64_t H, int64_t T,
+                      float *head_max, int combine, k3rt_error *err);
+
+/* dst[n, h, :] = [a[n, h*wa : (h+1)*wa] ; b-part], the b-part being b[n, h*wb : (h+1)*wb] or,
+ * when b_shared, b[n, 0 : wb] for every head (the shared key). wb may be 0. */
+int mla_assemble_cuda(void *stream, int dtype, void *dst, const void *a, int64_t wa,
+                      const void *b, int64_t wb, int b_shared, int64_t N, int64_t H,
+                      k3rt_error *err);
+/* The reverse: a[n, h*wa ...] = src[n, h, 0:wa]; b gets src[n, h, wa:wa+wb], per head or, when
+ * b_shared, summed over the heads in order into b[n, 0:wb]. a or b may be NULL. */
+int mla_split_cuda(void *stream, int dtype, const void *src, void *a, int64_t wa, void *b,
+                   int64_t wb, int b_shared, int64_t N, int64_t H, k3rt_error *err);
+
+/* Output gate over n elements: forward g = o sigmoid(z); backward, in place on dg (which holds
+ * d(gated output)): dz = dg o sigmoid'(z) into dz, then dg = dg sigmoid(z). */
+int mla_gate_fwd_cuda(void *stream, int dtype, const void *o, const void *z, void *g, int64_t n,
+                      k3rt_error *err);
+int mla_gate_bwd_cuda(void *stream, int dtype, const void *o, const void *z, void *dg,
+                      void *dz, int64_t n, k3rt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,690 @@
+/* The mla plugin on CUDA against the CPU.
+ *  (a) The attention core (plugins/attention/mla/mla_cuda.h), forward and backward, against a
+ *      direct float64 computation on the values the device holds: o, lse, the per-block max
+ *      logits, dq, dk, dv; ragged T, several heads and batches; both kernel families (tensor
+ *      cores for bf16 at MLA's widths, fp32 arithmetic otherwise). The backward runs in both
+ *      modes: deterministic (two passes on the tensor cores; must give the same bits twice)
+ *      and not (one pass, dQ summed with float atomics into a poisoned f32 accumulator).
+ *  (b) The whole plugin, forward and backward, on CUDA against the same plugin on the CPU: y,
+ *      dx, the increment of every parameter gradient (they accumulate onto random values) and
+ *      the per-head max logits. f32 runs against the CPU in f64; bf16 runs against the CPU in
+ *      f32 on the bf16-rounded inputs and weights; bf16 at MLA's widths in both backward modes.
+ * Outputs, saved activations and workspaces are poisoned (NaN bytes) before each run; the error
+ * is rms(ref - x) / rms(ref), <= 1e-5 for f32 and <= 1e-2 for bf16.
+ *
+ * K3RT_MLA_TEST_SMALL=1 keeps the small shapes and half the plugin configurations (for
+ * compute-sanitizer runs); CK_RUN_CASE=core or plugin runs one half. Skips (exit 77)
+ * without a CUDA device; runs without fork (CUDA does not survive a fork). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/module.h"
+#include "plugin/registry.h"
+#include "plugin/sinks.h"
+#include "testutil/testutil.h"
+#ifdef K3RT_HAVE_CUDA
+#include "../../plugins/attention/mla/mla_cuda.h"
+#endif
+
+static k3rt_stream *G;  /* CUDA stream on device 0 */
+static k3rt_stream *C;  /* CPU stream of the reference */
+static uint64_t seed_next = 77;
+static int small_only;
+
+static double tol_of(int dtype) { return dtype == K3RT_BF16 ? 1e-2 : 1e-5; }
+
+/* ---- device arrays -------------------------------------------------------------------------- */
+
+static void *dalloc(size_t bytes)
+{
+    k3rt_error err = {0};
+    void *p = k3rt_alloc(0, bytes ? bytes : 1, &err);
+    ck_assert_msg(p != NULL, "k3rt_alloc(%zu): %s", bytes, err.msg);
+    return p;
+}
+
+static void poison(void *d, size_t bytes)
+{
+    k3rt_error err = {0};
+    TU_OK(k3rt_memset(G, d, 0, 0xff, bytes, &err), err);
+}
+
+/* v (n doubles) rounded in place to dtype, then copied to the device as dtype. */
+static void *upload(double *v, int64_t n, int dtype)
+{
+    k3rt_error err = {0};
+    size_t bytes = (size_t)n * k3rt_dtype_size(dtype);
+    void *h = malloc(bytes ? bytes : 1), *d = dalloc(bytes);
+    TU_OK(k3rt_convert(h, dtype, v, K3RT_F64, n, &err), err);
+    TU_OK(k3rt_convert(v, K3RT_F64, h, dtype, n, &err), err);
+    TU_OK(k3rt_memcpy(G, d, 0, h, K3RT_DEVICE_CPU, bytes, &err), err);
+    TU_OK(k3rt_stream_sync(G, &err), err);
+    free(h);
+    return d;
+}
+
+static double *download(const void *d, int64_t n, int dtype)
+{
+    k3rt_error err = {0};
+    size_t bytes = (size_t)n * k3rt_dtype_size(dtype);
+    void *h = malloc(bytes ? bytes : 1);
+    double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
+    TU_OK(k3rt_memcpy(G, h, K3RT_DEVICE_CPU, d, 0, bytes, &err), err);
+    TU_OK(k3rt_stream_sync(G, &err), err);
+    TU_OK(k3rt_convert(x, K3RT_F64, h, dtype, n, &err), err);
+    free(h);
+    return x;
+}
+
+static double *randv(int64_t n, double scale)
+{
+    double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    tu_randn(v, n, scale, seed_next++);
+    return v;
+}
+
+/* Failed checks are collected, so one run reports every shape; each test asserts at its end
+ * that there were none. */
+static int n_failed;
+static char first_failure[512];
+
+static void record_failure(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void record_failure(const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    printf("FAILED: %s\n", msg);
+    if (n_failed++ == 0)
+        snprintf(first_failure, sizeof first_failure, "%s", msg);
+}
+
+static void expect_no_failures(void)
+{
+    ck_assert_msg(n_failed == 0, "%d checks failed; the first: %s", n_failed, first_failure);
+}
+
+/* Every element finite and rel_rms(ref, got) <= tol; returns the error. */
+static double expect_close(const char *what, const char *ctx, const double *ref,
+                           const double *got, int64_t n, double tol)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(got[i])) {
+            record_failure("%s %s: an element is %g (reference %g): not written or not "
+                           "finite", ctx, what, got[i], ref[i]);
+            return INFINITY;
+        }
+    double e = tu_rel_rms(ref, got, n);
+    if (!(e <= tol))
+        record_failure("%s %s: relative rms error %.3g > %.1g", ctx, what, e, tol);
+    return e;
+}
+
+/* Largest |ref - got| / (1 + |ref|): for log-sum-exps and maxima of logits, log-domain values
+ * that may sit near 0 (where a relative error means nothing: lse of a one-key row is one
+ * logit). */
+static double max_rel(const double *ref, const double *got, int64_t n)
+{
+    double w = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs(ref[i] - got[i]) / (1 + fabs(ref[i]));
+        w = e > w || isnan(e) ? e : w;
+    }
+    return w;
+}
+
+static double expect_log_close(const char *what, const char *ctx, const double *ref,
+                               const double *got, int64_t n, double tol)
+{
+    double e = max_rel(ref, got, n);
+    if (!(e <= tol))
+        record_failure("%s %s: error %.3g > %.1g (|ref - x| / (1 + |ref|))", ctx, what, e, tol);
+    return e;
+}
+
+/* ---- (a) the attention core ---------------------------------------------------------------- */
+
+#ifdef K3RT_HAVE_CUDA
+typedef struct ashape {
+    int64_t B, T, H, dqk, dv;
+} ashape;
+
+/* Direct causal attention in float64 over [B, T, H, d] layouts; lse [B, H, T]; bmax [B*H,
+ * ceil(T/32)] the largest scaled logit of each 32 rows. Backward from dout. */
+static void ref_attention(const ashape *s, double scale, const double *q, const double *k,
+                          const double *v, const double *dout, double *o, double *lse,
+                          double *bmax, double *dq, double *dk, double *dv)
+{
+    int64_t B = s->B, T = s->T, H = s->H, dqk = s->dqk, dvw = s->dv, nb = (T + 31) / 32;
+    double *p = malloc((size_t)T * sizeof *p);
+    memset(dk, 0, (size_t)(B * T * H * dqk) * sizeof *dk);
+    memset(dv, 0, (size_t)(B * T * H * dvw) * sizeof *dv);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            int64_t bh = b * H + h;
+            for (int64_t i = 0; i < nb; i++)
+                bmax[bh * nb + i] = -INFINITY;
+            for (int64_t t = 0; t < T; t++) {
+                const double *qt = q + ((b * T + t) * H + h) * dqk;
+                double m = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= t; j++) {
+                    const double *kj = k + ((b * T + j) * H + h) * dqk;
+                    double sc = 0;
+                    for (int64_t c = 0; c < dqk; c++)
+                        sc += qt[c] * kj[c];
+                    p[j] = sc * scale;
+                    m = p[j] > m ? p[j] : m;
+                }
+                for (int64_t j = 0; j <= t; j++)
+                    sum += (p[j] = exp(p[j] - m));
+                lse[bh * T + t] = m + log(sum);
+                if (m > bmax[bh * nb + t / 32])
+                    bmax[bh * nb + t / 32] = m;
+                double *ot = o + ((b * T + t) * H + h) * dvw;
+                const double *dot = dout + ((b * T + t) * H + h) * dvw;
+                double *dqt = dq + ((b * T + t) * H + h) * dqk;
+                for (int64_t c = 0; c < dvw; c++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j <= t; j++)
+                        acc += p[j] / sum * v[((b * T + j) * H + h) * dvw + c];
+                    ot[c] = acc;
+                }
+                double D = 0;
+                for (int64_t c = 0; c < dvw; c++)
+                    D += dot[c] * ot[c];
+                memset(dqt, 0, (size_t)dqk * sizeof *dqt);
+                for (int64_t j = 0; j <= t; j++) {
+                    const double *kj = k + ((b * T + j) * H + h) * dqk;
+                    const double *vj = v + ((b * T + j) * H + h) * dvw;
+                    double pj = p[j] / sum, dp = 0;
+                    for (int64_t c = 0; c < dvw; c++)
+                        dp += dot[c] * vj[c];
+                    double ds = pj * (dp - D);
+                    for (int64_t c = 0; c < dqk; c++) {
+                        dqt[c] += scale * ds * kj[c];
+                        dk[((b * T + j) * H + h) * dqk + c] += scale * ds * qt[c];
+                    }
+                    for (int64_t c = 0; c < dvw; c++)
+                        dv[((b * T + j) * H + h) * dvw + c] += pj * dot[c];
+                }
+            }
+        }
+    free(p);
+}
+
+/* Copies n bytes of device memory to a new host buffer. */
+static void *bytes_of(const void *d, size_t n)
+{
+    k3rt_error err = {0};
+    void *h = malloc(n ? n : 1);
+    TU_OK(k3rt_memcpy(G, h, K3RT_DEVICE_CPU, d, 0, n, &err), err);
+    TU_OK(k3rt_stream_sync(G, &err), err);
+    return h;
+}
+
+static void core_case(int dtype, const ashape *s, double scale, int check_determinism)
+{
+    k3rt_error err = {0};
+    char ctx[160], mctx[200];
+    int64_t nq = s->B * s->T * s->H * s->dqk, nv = s->B * s->T * s->H * s->dv;
+    int64_t nr = s->B * s->H * s->T, nb = s->B * s->H * ((s->T + 31) / 32);
+    size_t es = k3rt_dtype_size(dtype);
+    double *q = randv(nq, 1.0), *k = randv(nq, 1.0), *v = randv(nv, 1.0), *dout = randv(nv, 1.0);
+    mla_attn a;
+    memset(&a, 0, sizeof a);
+    a.dtype = dtype, a.B = s->B, a.T = s->T, a.H = s->H, a.dqk = s->dqk, a.dv = s->dv;
+    a.scale = scale;
+    a.q = upload(q, nq, dtype), a.k = upload(k, nq, dtype), a.v = upload(v, nv, dtype);
+    a.dout = upload(dout, nv, dtype);
+    a.o = dalloc((size_t)nv * es), a.lse = dalloc((size_t)nr * 4);
+    a.block_max = dalloc((size_t)nb * 4);
+    a.dq = dalloc((size_t)nq * es), a.dk = dalloc((size_t)nq * es);
+    a.dv_out = dalloc((size_t)nv * es), a.drow = dalloc((size_t)nr * 4);
+    a.dq_acc = dalloc((size_t)nq * 4);
+    snprintf(ctx, sizeof ctx, "attention %s B=%lld T=%lld H=%lld dqk=%lld dv=%lld (%s)",
+             k3rt_dtype_name(dtype), (long long)s->B, (long long)s->T, (long long)s->H,
+             (long long)s->dqk, (long long)s->dv, mla_attn_path(&a));
+    if (dtype == K3RT_BF16 && s->dv == 128 && (s->dqk == 192 || s->dqk == 128))
+        ck_assert_msg(!strcmp(mla_attn_path(&a), "tensor-core"), "%s: expected the tensor-core "
+                      "kernels", ctx);
+
+    double *ro = malloc((size_t)nv * 8), *rl = malloc((size_t)nr * 8), *rb = malloc((size_t)nb * 8);
+    double *rdq = malloc((size_t)nq * 8), *rdk = malloc((size_t)nq * 8);
+    double *rdv = malloc((size_t)nv * 8);
+    ref_attention(s, scale, q, k, v, dout, ro, rl, rb, rdq, rdk, rdv);
+
+    poison(a.o, (size_t)nv * es), poison(a.lse, (size_t)nr * 4);
+    poison(a.block_max, (size_t)nb * 4);
+    TU_OK(mla_attn_fwd_cuda(k3rt_stream_native(G), &a, &err), err);
+    TU_OK(k3rt_stream_sync(G, &err), err);
+    double tol = tol_of(dtype);
+    double *go = download(a.o, nv, dtype), *gl = download(a.lse, nr, K3RT_F32);
+    double *gb = download(a.block_max, nb, K3RT_F32);
+    double eo = expect_close("o", ctx, ro, go, nv, tol);
+    double el = expect_log_close("lse", ctx, rl, gl, nr, tol);
+    double eb = expect_log_close("block max", ctx, rb, gb, nb, tol);
+    printf("%s: o %.2e lse %.2e bmax %.2e\n", ctx, eo, el, eb);
+
+    void *outs[3] = {a.dq, a.dk, a.dv_out};
+    const char *names[3] = {"dq", "dk", "dv"};
+    size_t sizes[3] = {(size_t)nq * es, (size_t)nq * es, (size_t)nv * es};
+    for (int det = 1; det >= 0; det--) {
+        snprintf(mctx, sizeof mctx, "%s %s", ctx, det ? "deterministic" : "atomic dQ");
+        a.deterministic = det;
+        for (int i = 0; i < 3; i++)
+            poison(outs[i], sizes[i]);
+        poison(a.drow, (size_t)nr * 4), poison(a.dq_acc, (size_t)nq * 4);
+        TU_OK(mla_attn_bwd_cuda(k3rt_stream_native(G), &a, &err), err);
+        TU_OK(k3rt_stream_sync(G, &err), err);
+        double *gq = download(a.dq, nq, dtype), *gk = download(a.dk, nq, dtype);
+        double *gv = download(a.dv_out, nv, dtype);
+        double eq = expect_close("dq", mctx, rdq, gq, nq, tol);
+        double ek = expect_close("dk", mctx, rdk, gk, nq, tol);
+        double ev = expect_close("dv", mctx, rdv, gv, nv, tol);
+        printf("%s: dq %.2e dk %.2e dv %.2e\n", mctx, eq, ek, ev);
+        free(gq), free(gk), free(gv);
+        if (!det || !check_determinism)
+            continue;
+        void *first[3];
+        for (int i = 0; i < 3; i++) {
+            first[i] = bytes_of(outs[i], sizes[i]);
+            poison(outs[i], sizes[i]);
+        }
+        TU_OK(mla_attn_bwd_cuda(k3rt_stream_native(G), &a, &err), err);
+        for (int i = 0; i < 3; i++) {
+            void *again = bytes_of(outs[i], sizes[i]);
+            if (memcmp(first[i], again, sizes[i]))
+                record_failure("%s %s: differs between two runs on the same inputs", mctx,
+                               names[i]);
+            free(first[i]), free(again);
+        }
+    }
+    free(go), free(gl), free(gb);
+    free(ro), free(rl), free(rb), free(rdq), free(rdk), free(rdv);
+    free(q), free(k), free(v), free(dout);
+    void *bufs[] = {(void *)a.q, (void *)a.k, (void *)a.v, (void *)a.dout, a.o, a.lse,
+                    a.block_max, a.dq, a.dk, a.dv_out, a.drow, a.dq_acc};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        k3rt_free(0, bufs[i]);
+}
+
+START_TEST(attention_core_vs_cpu)
+{
+    const ashape shapes[] = {
+        {1, 1, 1, 192, 128},  {2, 77, 3, 192, 128}, {1, 300, 2, 192, 128}, {2, 130, 2, 128, 128},
+        {1, 64, 2, 128, 128}, {2, 45, 3, 48, 32},   {1, 33, 2, 7, 5},      {1, 1000, 1, 192, 128},
+    };
+    const int dtypes[2] = {K3RT_F32, K3RT_BF16};
+    size_t n = sizeof shapes / sizeof shapes[0];
+    for (size_t i = 0; i < n; i++) {
+        if (small_only && shapes[i].T > 200)
+            continue;
+        for (int d = 0; d < 2; d++)
+            core_case(dtypes[d], &shapes[i], 1 / sqrt((double)shapes[i].dqk),
+                      i == 2 || i == 3 || i == 5);
+    }
+    /* A scale far from 1/sqrt(d): large logits. */
+    const ashape big = {1, 100, 2, 192, 128};
+    core_case(K3RT_BF16, &big, 0.3, 0);
+    core_case(K3RT_F32, &big, 0.3, 0);
+    expect_no_failures();
+}
+END_TEST
+
+START_TEST(attention_core_refuses)
+{
+    k3rt_error err = {0};
+    mla_attn a;
+    memset(&a, 0, sizeof a);
+    a.dtype = K3RT_F64, a.B = 1, a.T = 4, a.H = 1, a.dqk = 8, a.dv = 8, a.scale = 1;
+    ck_assert_int_ne(mla_attn_fwd_cuda(k3rt_stream_native(G), &a, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "f64"));
+    a.dtype = K3RT_F32;
+    ck_assert_int_ne(mla_attn_fwd_cuda(k3rt_stream_native(G), &a, &err), 0); /* no buffers */
+    a.T = 0;
+    ck_assert_int_ne(mla_attn_fwd_cuda(k3rt_stream_native(G), &a, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "T 0"));
+    /* Widths past shared memory: a clear refusal, no launch. */
+    void *buf = dalloc(1 << 20);
+    a.T = 4, a.dqk = 4000, a.dv = 4000;
+    a.q = a.k = a.v = buf, a.o = buf, a.lse = buf;
+    ck_assert_int_ne(mla_attn_fwd_cuda(k3rt_stream_native(G), &a, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "shared memory"));
+    /* The non-deterministic tensor-core backward without its f32 dQ accumulator. */
+    a.dtype = K3RT_BF16, a.dqk = 192, a.dv = 128;
+    a.dout = a.dq = a.dk = a.dv_out = buf, a.drow = buf;
+    ck_assert_str_eq(mla_attn_path(&a), "tensor-core");
+    ck_assert_int_ne(mla_attn_bwd_cuda(k3rt_stream_native(G), &a, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "dq_acc"));
+    k3rt_free(0, buf);
+}
+END_TEST
+#endif
+
+/* ---- (b) the whole plugin ------------------------------------------------------------------- */
+
+typedef struct pcfg {
+    int H, rq, dc, dn, dr, dv, gate;
+    int64_t d, B, T;
+} pcfg;
+
+static const plugin_entry *load_mla(void)
+{
+    static registry reg;
+    static const plugin_entry *e;
+    if (e)
+        return e;
+    char path[1024];
+    const char *env = getenv("K3RT_PLUGIN_PATH");
+    if (env && *env) {
+        size_t len = strcspn(env, ":");
+        snprintf(path, sizeof path, "%.*s/libk3rt_mla.so", (int)len, env);
+    } else {
+        snprintf(path, sizeof path, "%s/libk3rt_mla.so", K3RT_PLUGIN_DIR);
+    }
+    k3rt_error err = {0};
+    TU_OK(registry_load_file(&reg, path, &e, &err), err);
+    return e;
+}
+
+static json_t *pcfg_json(const pcfg *c)
+{
+    json_t *j = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:f}", "heads", c->H, "q_rank",
+                          c->rq, "kv_rank", c->dc, "qk_nope_dim", c->dn, "qk_shared_dim", c->dr,
+                          "v_dim", c->dv, "output_gate", c->gate, "init_std", 0.15);
+    ck_assert_ptr_nonnull(j);
+    return j;
+}
+
+static void make_module(module *m, const pcfg *c, int dtype, int device, k3rt_stream *s)
+{
+    k3rt_error err = {0};
+    k3rt_create_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.dtype = dtype, a.device = device, a.d_model = c->d, a.vocab = 32, a.n_layers = 1;
+    a.stream = s, a.seed = 5;
+    json_t *j = pcfg_json(c);
+    TU_OK(module_create(m, load_mla(), j, &a, "test", &err), err);
+    json_decref(j);
+}
+
+/* Runs forward + backward of module m on stream s with the given host (CPU) or device
+ * buffers; poisons what the plugin must write when on the device. */
+static void run_module(module *m, k3rt_stream *s, int device, int dtype, const pcfg *c, int det,
+                       void *x, void *y, void *dy, void *dx, k3rt_tensor *params,
+                       k3rt_tensor *grads, int np)
+{
+    k3rt_error err = {0};
+    k3rt_memory mem;
+    TU_OK(module_memory(m, c->B, c->T, &mem, &err), err);
+    void *saved, *ws;
+    if (device == K3RT_DEVICE_CPU) {
+        saved = malloc((size_t)mem.saved_bytes + 1);
+        ws = malloc((size_t)mem.workspace_bytes + 1);
+    } else {
+        saved = dalloc((size_t)mem.saved_bytes);
+        ws = dalloc((size_t)mem.workspace_bytes);
+        poison(saved, (size_t)mem.saved_bytes), poison(ws, (size_t)mem.workspace_bytes);
+        poison(y, (size_t)(c->B * c->T * c->d) * k3rt_dtype_size(dtype));
+        poison(dx, (size_t)(c->B * c->T * c->d) * k3rt_dtype_size(dtype));
+    }
+    k3rt_fwd_args f;
+    memset(&f, 0, sizeof f);
+    f.struct_size = sizeof f;
+    f.training = 1, f.stream = s, f.batch = c->B, f.seq = c->T;
+    f.x = k3rt_tensor_view(x, dtype, device, 3, c->B, c->T, c->d, 0);
+    f.y = k3rt_tensor_view(y, dtype, device, 3, c->B, c->T, c->d, 0);
+    f.params = params, f.n_params = np;
+    f.saved = saved, f.saved_bytes = mem.saved_bytes;
+    f.workspace = ws, f.workspace_bytes = mem.workspace_bytes;
+    TU_OK(m->e->vt.attention.forward(m->self, &f, &err), err);
+    k3rt_bwd_args b;
+    memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.stream = s, b.batch = c->B, b.seq = c->T, b.deterministic = det;
+    b.x = f.x, b.dy = k3rt_tensor_view(dy, dtype, device, 3, c->B, c->T, c->d, 0);
+    b.dx = k3rt_tensor_view(dx, dtype, device, 3, c->B, c->T, c->d, 0);
+    b.params = params, b.grads = grads, b.n_params = np;
+    b.saved = saved, b.saved_bytes = mem.saved_bytes;
+    b.workspace = ws, b.workspace_bytes = mem.workspace_bytes;
+    TU_OK(m->e->vt.attention.backward(m->self, &b, &err), err);
+    TU_OK(k3rt_stream_sync(s, &err), err);
+    if (device == K3RT_DEVICE_CPU) {
+        free(saved), free(ws);
+    } else {
+        k3rt_free(0, saved), k3rt_free(0, ws);
+    }
+}
+
+/* The per-head max logits the module reports. */
+static void max_logits(module *m, double *out, int64_t H)
+{
+    k3rt_error err = {0};
+    k3rt_tensor_sink sink;
+    TU_OK(module_stats(m, &sink, &err), err);
+    ck_assert_int_eq(sink.n, 1);
+    ck_assert_str_eq(sink.items[0].name, "max_logit");
+    const float *v = sink.items[0].t.data;
+    for (int64_t h = 0; h < H; h++)
+        out[h] = v[h];
+    tensor_sink_free(&sink);
+}
+
+/* Host copy of n values as dtype ct. */
+static void *host_as(const double *v, int64_t n, int ct)
+{
+    k3rt_error err = {0};
+    void *h = malloc((size_t)(n ? n : 1) * k3rt_dtype_size(ct));
+    TU_OK(k3rt_convert(h, ct, v, K3RT_F64, n, &err), err);
+    return h;
+}
+
+static double *as_double(const void *h, int64_t n, int dt)
+{
+    k3rt_error err = {0};
+    double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
+    TU_OK(k3rt_convert(x, K3RT_F64, h, dt, n, &err), err);
+    return x;
+}
+
+static void plugin_case(int dtype, const pcfg *c, int det)
+{
+    k3rt_error err = {0};
+    char ctx[220];
+    snprintf(ctx, sizeof ctx, "plugin %s H=%d rq=%d dc=%d dn=%d dr=%d dv=%d gate=%d d=%lld "
+             "B=%lld T=%lld deterministic=%d", k3rt_dtype_name(dtype), c->H, c->rq, c->dc, c->dn,
+             c->dr, c->dv, c->gate, (long long)c->d, (long long)c->B, (long long)c->T, det);
+    /* The CPU reference: f64 for f32 runs, f32 (on bf16-rounded values) for bf16 runs. */
+    int ct = dtype == K3RT_BF16 ? K3RT_F32 : K3RT_F64, gt = dtype == K3RT_BF16 ? K3RT_F32 : dtype;
+    module mc, mg;
+    make_module(&mc, c, ct, K3RT_DEVICE_CPU, C);
+    make_module(&mg, c, dtype, 0, G);
+    int np = module_n_params(&mc);
+    ck_assert_int_eq(np, module_n_params(&mg));
+    k3rt_tensor *pc = calloc((size_t)np, sizeof *pc), *gc = calloc((size_t)np, sizeof *gc);
+    k3rt_tensor *pg = calloc((size_t)np, sizeof *pg), *gg = calloc((size_t)np, sizeof *gg);
+    double **g0 = calloc((size_t)np, sizeof *g0);
+    for (int i = 0; i < np; i++) {
+        const k3rt_param_decl *p = module_param(&mc, i);
+        k3rt_tensor t = k3rt_tensor_view(NULL, K3RT_F64, K3RT_DEVICE_CPU, p->ndim, p->shape[0],
+                                         p->shape[1], 0, 0);
+        int64_t n = k3rt_tensor_numel(&t);
+        double *w = malloc((size_t)n * sizeof *w);
+        t.data = w;
+        TU_OK(module_init_param(&mc, i, t, 11, p->name, &err), err);
+        /* Norm gains start at 1: move them off it so their use is tested. */
+        if (p->ndim == 1)
+            for (int64_t e = 0; e < n; e++)
+                w[e] += 0.3 * sin((double)e);
+        pg[i] = t, pg[i].dtype = dtype, pg[i].device = 0, pg[i].data = upload(w, n, dtype);
+        pc[i] = t, pc[i].dtype = ct, pc[i].data = host_as(w, n, ct);
+        g0[i] = randv(n, 0.01); /* small: the f32 rounding of g0 + increment stays far below
+                                   the tolerance on the increment */
+        gg[i] = t, gg[i].dtype = gt, gg[i].device = 0, gg[i].data = upload(g0[i], n, gt);
+        gc[i] = t, gc[i].dtype = ct, gc[i].data = host_as(g0[i], n, ct);
+        free(w);
+    }
+    int64_t nx = c->B * c->T * c->d;
+    double *x = randv(nx, 1.0), *dy = randv(nx, 1.0);
+    void *xg = upload(x, nx, dtype), *dyg = upload(dy, nx, dtype);
+    size_t xbytes = (size_t)nx * k3rt_dtype_size(dtype), cbytes = (size_t)nx * k3rt_dtype_size(ct);
+    void *yg = dalloc(xbytes), *dxg = dalloc(xbytes);
+    void *xc = host_as(x, nx, ct), *dyc = host_as(dy, nx, ct);
+    void *yc = malloc(cbytes), *dxc = malloc(cbytes);
+
+    run_module(&mc, C, K3RT_DEVICE_CPU, ct, c, det, xc, yc, dyc, dxc, pc, gc, np);
+    run_module(&mg, G, 0, dtype, c, det, xg, yg, dyg, dxg, pg, gg, np);
+
+    double tol = tol_of(dtype), worst = 0;
+    double *ry = as_double(yc, nx, ct), *gy = download(yg, nx, dtype);
+    double *rdx = as_double(dxc, nx, ct), *gdx = download(dxg, nx, dtype);
+    double e = expect_close("y", ctx, ry, gy, nx, tol);
+    worst = e > worst ? e : worst;
+    e = expect_close("dx", ctx, rdx, gdx, nx, tol);
+    worst = e > worst ? e : worst;
+    for (int i = 0; i < np; i++) {
+        const char *name = module_param(&mc, i)->name;
+        int64_t n = k3rt_tensor_numel(&pc[i]);
+        double *rg = as_double(gc[i].data, n, ct), *dg = download(gg[i].data, n, gt);
+        for (int64_t k = 0; k < n; k++)
+            rg[k] -= g0[i][k], dg[k] -= g0[i][k];
+        char what[96];
+        snprintf(what, sizeof what, "grad %s", name);
+        e = expect_close(what, ctx, rg, dg, n, tol);
+        worst = e > worst ? e : worst;
+        free(rg), free(dg);
+    }
+    double *mlc = malloc((size_t)c->H * sizeof *mlc), *mlg = malloc((size_t)c->H * sizeof *mlg);
+    max_logits(&mc, mlc, c->H);
+    max_logits(&mg, mlg, c->H);
+    double em = expect_log_close("per-head max logit", ctx, mlc, mlg, c->H, tol);
+    /* After reset_stats nothing is reported but -inf. */
+    mg.e->inst.reset_stats(mg.self);
+    max_logits(&mg, mlg, c->H);
+    if (!(isinf(mlg[0]) && mlg[0] < 0))
+        record_failure("%s max logit: %g after reset_stats, not -inf", ctx, mlg[0]);
+    printf("%s: worst relative rms %.2e over y, dx and %d gradients; max logit %.2e\n", ctx,
+           worst, np, em);
+
+    free(ry), free(gy), free(rdx), free(gdx), free(mlc), free(mlg);
+    for (int i = 0; i < np; i++) {
+        k3rt_free(0, pg[i].data), k3rt_free(0, gg[i].data);
+        free(pc[i].data), free(gc[i].data), free(g0[i]);
+    }
+    free(pc), free(gc), free(pg), free(gg), free(g0);
+    k3rt_free(0, xg), k3rt_free(0, dyg), k3rt_free(0, yg), k3rt_free(0, dxg);
+    free(x), free(dy), free(xc), free(dyc), free(yc), free(dxc);
+    module_destroy(&mc);
+    module_destroy(&mg);
+}
+
+START_TEST(plugin_vs_cpu)
+{
+    /* fp32-kernel widths (with and without q low-rank, shared key, gate), then MLA's widths. */
+    const pcfg cfgs[] = {
+        {2, 0, 24, 16, 8, 16, 1, 32, 2, 37},
+        {3, 20, 16, 8, 0, 8, 0, 24, 1, 50},
+        {2, 0, 64, 128, 64, 128, 1, 64, 2, 150},
+        {2, 48, 32, 128, 0, 128, 1, 64, 1, 100},
+    };
+    const int dtypes[2] = {K3RT_F32, K3RT_BF16};
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        if (small_only && (i == 1 || i == 3))
+            continue;
+        for (int d = 0; d < 2; d++) {
+            plugin_case(dtypes[d], &cfgs[i], 0);
+            /* The tensor-core backward has two schedules. */
+            if (dtypes[d] == K3RT_BF16 && cfgs[i].dv == 128)
+                plugin_case(dtypes[d], &cfgs[i], 1);
+        }
+    }
+    expect_no_failures();
+}
+END_TEST
+
+START_TEST(plugin_refuses)
+{
+    const plugin_entry *e = load_mla();
+    ck_assert_msg(e->desc.caps & K3RT_CAP_CUDA, "the plugin was built without its CUDA path");
+    k3rt_error err = {0};
+    k3rt_create_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.dtype = K3RT_F64, a.device = 0, a.d_model = 16, a.stream = G;
+    module m;
+    json_t *j = json_pack("{s:i}", "heads", 2);
+    ck_assert_int_ne(module_create(&m, e, j, &a, "test", &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "f32 or bf16"));
+    json_decref(j);
+
+    /* A CUDA instance called on a CPU stream, and with host tensors. */
+    const pcfg c = {2, 0, 8, 4, 2, 4, 1, 16, 1, 5};
+    make_module(&m, &c, K3RT_F32, 0, G);
+    k3rt_memory mem;
+    TU_OK(module_memory(&m, 1, 5, &mem, &err), err);
+    void *buf = dalloc((size_t)(mem.saved_bytes + mem.workspace_bytes + 4096));
+    float hx[80] = {0};
+    k3rt_fwd_args f;
+    memset(&f, 0, sizeof f);
+    f.struct_size = sizeof f;
+    f.stream = C, f.batch = 1, f.seq = 5;
+    f.x = k3rt_tensor_view(hx, K3RT_F32, K3RT_DEVICE_CPU, 3, 1, 5, 16, 0);
+    f.y = f.x;
+    f.saved = buf, f.saved_bytes = mem.saved_bytes;
+    f.workspace = buf, f.workspace_bytes = mem.workspace_bytes;
+    ck_assert_int_ne(m.e->vt.attention.forward(m.self, &f, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "stream"));
+    f.stream = G;
+    ck_assert_int_ne(m.e->vt.attention.forward(m.self, &f, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "device tensor"));
+    k3rt_free(0, buf);
+    module_destroy(&m);
+}
+END_TEST
+
+/* Two cases, so a run can pick one (CK_RUN_CASE=core or plugin). */
+static Suite *suite(void)
+{
+    Suite *s = suite_create("mla_cuda");
+    TCase *core = tcase_create("core"), *plugin = tcase_create("plugin");
+    tcase_set_timeout(core, 300);
+    tcase_set_timeout(plugin, 300);
+#ifdef K3RT_HAVE_CUDA
+    tcase_add_test(core, attention_core_vs_cpu);
+    tcase_add_test(core, attention_core_refuses);
+#endif
+    tcase_add_test(plugin, plugin_vs_cpu);
+    tcase_add_test(plugin, plugin_refuses);
+    suite_add_tcase(s, core);
+    suite_add_tcase(s, plugin);
+    return s;
+}
+
+int main(void)
+{
+    if (k3rt_cuda_device_count() == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    const char *small = getenv("K3RT_MLA_TEST_SMALL");
+    small_only = small && *small && strcmp(small, "0") != 0;
+    k3rt_error err = {0};
+    if (k3rt_stream_create(0, K3RT_STREAM_COMPUTE, &G, &err) != K3RT_OK) {
+        fprintf(stderr, "cannot create a CUDA stream: %s\n", err.msg);
+        return 1;
+    }
+    C = tu_cpu_stream(2);
+    SRunner *sr = srunner_create(suite());
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_VERBOSE);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    k3rt_stream_destroy(G);
+    k3rt_stream_destroy(C);
+    return failed == 0 ? 0 : 1;
+}
