@@ -24,40 +24,12 @@ import subprocess
 import sys
 
 import torch
+
+from bench_util import median_ms, parse_line
 import torch.nn.functional as F
 
 COPY_BW_DEFAULT = 4.2e12  # bytes/s, device-to-device copy measured on this H200 (read + write)
 BF = torch.bfloat16
-
-
-def parse_line(line):
-    out = {}
-    for part in line.split():
-        if "=" in part:
-            k, v = part.split("=", 1)
-            try:
-                out[k] = int(v)
-            except ValueError:
-                try:
-                    out[k] = float(v)
-                except ValueError:
-                    out[k] = v.strip('"')
-    return out
-
-
-def median_ms(fn, runs, warmup):
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-    for i in range(runs):
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    t = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    n = len(t)
-    return t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
 
 
 def randn(*shape, dtype=BF, scale=1.0):

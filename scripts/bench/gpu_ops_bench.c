@@ -21,32 +21,13 @@
 
 #include <k3rt/k3rt.h>
 
+#include "cuda_bench.h"
+
 static k3rt_stream *S;
 static cudaStream_t CS;
 static int RUNS = 30, WARM = 5;
 static int64_t N = 8 * 4096;
 static const char *ONLY;
-
-static void die(const char *what, const char *msg)
-{
-    fprintf(stderr, "bench_gpu_ops: %s: %s\n", what, msg);
-    exit(1);
-}
-
-static void cuda_check(cudaError_t e, const char *what)
-{
-    if (e != cudaSuccess)
-        die(what, cudaGetErrorString(e));
-}
-
-static void *dev(size_t bytes)
-{
-    k3rt_error err = {0};
-    void *p = k3rt_alloc(0, bytes, &err);
-    if (!p)
-        die("k3rt_alloc", err.msg);
-    return p;
-}
 
 /* Random N(0, scale^2) values of dtype: one generated chunk, copied over the buffer. */
 static void fill_random(void *d, int dtype, int64_t n, double scale, uint64_t seed)
@@ -64,69 +45,32 @@ static void fill_random(void *d, int dtype, int64_t n, double scale, uint64_t se
         v[i] = x != 0.0 ? x : scale * 0.5;
     }
     if (k3rt_convert(h, dtype, v, K3RT_F64, c, &err))
-        die("k3rt_convert", err.msg);
-    cuda_check(cudaMemcpy(d, h, (size_t)c * es, cudaMemcpyHostToDevice), "cudaMemcpy");
+        bench_die("k3rt_convert", err.msg);
+    bench_cuda_check(cudaMemcpy(d, h, (size_t)c * es, cudaMemcpyHostToDevice), "cudaMemcpy");
     for (int64_t off = c; off < n; off += c) {
         int64_t len = n - off < c ? n - off : c;
-        cuda_check(cudaMemcpy((char *)d + off * es, d, (size_t)len * es, cudaMemcpyDeviceToDevice),
+        bench_cuda_check(cudaMemcpy((char *)d + off * es, d, (size_t)len * es, cudaMemcpyDeviceToDevice),
                    "cudaMemcpy");
     }
     /* Device-to-device copies return early, and the bench stream does not wait for them. */
-    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    bench_cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     free(v);
     free(h);
 }
 
 static int32_t *random_ids(int64_t n, int64_t limit, uint64_t seed)
 {
-    int32_t *h = malloc((size_t)n * 4), *d = dev((size_t)n * 4);
+    int32_t *h = malloc((size_t)n * 4), *d = bench_dev((size_t)n * 4);
     k3rt_rng rng;
     k3rt_rng_seed(&rng, seed, 3);
     for (int64_t i = 0; i < n; i++)
         h[i] = (int32_t)(k3rt_rng_u64(&rng) % (uint64_t)limit);
-    cuda_check(cudaMemcpy(d, h, (size_t)n * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    bench_cuda_check(cudaMemcpy(d, h, (size_t)n * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
     free(h);
     return d;
 }
 
 /* ---- timing ---------------------------------------------------------------------------------- */
-
-typedef int (*op_fn)(void *ctx, k3rt_error *err);
-
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
-static double median_ms(op_fn f, void *ctx, const char *name)
-{
-    k3rt_error err = {0};
-    for (int i = 0; i < WARM; i++)
-        if (f(ctx, &err))
-            die(name, err.msg);
-    cudaEvent_t *ev = malloc(sizeof *ev * 2 * (size_t)RUNS);
-    for (int i = 0; i < 2 * RUNS; i++)
-        cuda_check(cudaEventCreate(&ev[i]), "cudaEventCreate");
-    for (int i = 0; i < RUNS; i++) {
-        cuda_check(cudaEventRecord(ev[2 * i], CS), "cudaEventRecord");
-        if (f(ctx, &err))
-            die(name, err.msg);
-        cuda_check(cudaEventRecord(ev[2 * i + 1], CS), "cudaEventRecord");
-    }
-    cuda_check(cudaStreamSynchronize(CS), "cudaStreamSynchronize");
-    cuda_check(cudaGetLastError(), name);
-    float *t = malloc(sizeof *t * (size_t)RUNS);
-    for (int i = 0; i < RUNS; i++)
-        cuda_check(cudaEventElapsedTime(&t[i], ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
-    qsort(t, (size_t)RUNS, sizeof *t, cmp_float);
-    double med = RUNS % 2 ? t[RUNS / 2] : 0.5 * (t[RUNS / 2 - 1] + t[RUNS / 2]);
-    for (int i = 0; i < 2 * RUNS; i++)
-        cudaEventDestroy(ev[i]);
-    free(ev);
-    free(t);
-    return med;
-}
 
 static int wanted(const char *op) { return !ONLY || strstr(op, ONLY) != NULL; }
 
@@ -167,8 +111,8 @@ static void bench_linear(int dtype, int64_t n, int64_t in, int64_t out)
     if (!wanted("linear"))
         return;
     size_t es = k3rt_dtype_size(dtype);
-    lin_ctx l = {dtype, n, in, out, dev(n * in * es), dev(out * in * es), dev(n * out * es),
-                 dev(n * out * es), dev(n * in * es), dev(out * in * 4)};
+    lin_ctx l = {dtype, n, in, out, bench_dev(n * in * es), bench_dev(out * in * es), bench_dev(n * out * es),
+                 bench_dev(n * out * es), bench_dev(n * in * es), bench_dev(out * in * 4)};
     fill_random(l.x, dtype, n * in, 1.0, 1);
     fill_random(l.w, dtype, out * in, 0.03, 2);
     fill_random(l.dy, dtype, n * out, 1.0, 3);
@@ -178,9 +122,9 @@ static void bench_linear(int dtype, int64_t n, int64_t in, int64_t out)
              (long long)out, k3rt_dtype_name(dtype));
     double f = 2.0 * n * in * out;
     double b_fwd = (double)(n * in + in * out + n * out) * es;
-    report("linear_fwd", shape, median_ms(lin_fwd, &l, "linear_fwd"), f, b_fwd);
-    report("linear_dx", shape, median_ms(lin_dx, &l, "linear_bwd dx"), f, b_fwd);
-    report("linear_dw", shape, median_ms(lin_dw, &l, "linear_bwd dW"), f,
+    report("linear_fwd", shape, bench_median_ms(lin_fwd, &l, CS, WARM, RUNS, "linear_fwd"), f, b_fwd);
+    report("linear_dx", shape, bench_median_ms(lin_dx, &l, CS, WARM, RUNS, "linear_bwd dx"), f, b_fwd);
+    report("linear_dw", shape, bench_median_ms(lin_dw, &l, CS, WARM, RUNS, "linear_bwd dW"), f,
            (double)(n * in + n * out) * es + 8.0 * in * out);
     k3rt_free(0, l.x), k3rt_free(0, l.w), k3rt_free(0, l.y), k3rt_free(0, l.dy);
     k3rt_free(0, l.dx), k3rt_free(0, l.dw);
@@ -218,9 +162,9 @@ static void bench_grouped(int64_t groups, int64_t rows_per, int64_t in, int64_t 
     int64_t *off = malloc((size_t)(groups + 1) * sizeof *off);
     for (int64_t g = 0; g <= groups; g++)
         off[g] = g * rows_per;
-    grp_ctx c = {groups, in, out, off, dev(rows * in * 2), dev(groups * out * in * 2),
-                 dev(rows * out * 2), dev(rows * out * 2), dev(rows * in * 2),
-                 dev(groups * out * in * 4)};
+    grp_ctx c = {groups, in, out, off, bench_dev(rows * in * 2), bench_dev(groups * out * in * 2),
+                 bench_dev(rows * out * 2), bench_dev(rows * out * 2), bench_dev(rows * in * 2),
+                 bench_dev(groups * out * in * 4)};
     fill_random(c.x, K3RT_BF16, rows * in, 1.0, 5);
     fill_random(c.w, K3RT_BF16, groups * out * in, 0.03, 6);
     fill_random(c.dy, K3RT_BF16, rows * out, 1.0, 7);
@@ -229,9 +173,9 @@ static void bench_grouped(int64_t groups, int64_t rows_per, int64_t in, int64_t 
     snprintf(shape, sizeof shape, "groups=%lld rows=%lld in=%lld out=%lld dtype=bf16",
              (long long)groups, (long long)rows, (long long)in, (long long)out);
     double f = 2.0 * rows * in * out, b = (double)(rows * in + groups * in * out + rows * out) * 2;
-    report("grouped_fwd", shape, median_ms(grp_fwd, &c, "grouped_linear_fwd"), f, b);
-    report("grouped_dx", shape, median_ms(grp_dx, &c, "grouped_linear_bwd dx"), f, b);
-    report("grouped_dw", shape, median_ms(grp_dw, &c, "grouped_linear_bwd dW"), f,
+    report("grouped_fwd", shape, bench_median_ms(grp_fwd, &c, CS, WARM, RUNS, "grouped_linear_fwd"), f, b);
+    report("grouped_dx", shape, bench_median_ms(grp_dx, &c, CS, WARM, RUNS, "grouped_linear_bwd dx"), f, b);
+    report("grouped_dw", shape, bench_median_ms(grp_dw, &c, CS, WARM, RUNS, "grouped_linear_bwd dW"), f,
            (double)(rows * in + rows * out) * 2 + 8.0 * groups * in * out);
     k3rt_free(0, c.x), k3rt_free(0, c.w), k3rt_free(0, c.y), k3rt_free(0, c.dy);
     k3rt_free(0, c.dx), k3rt_free(0, c.dw);
@@ -254,13 +198,13 @@ static void bench_gemm_f32(int64_t m, int64_t n, int64_t k)
 {
     if (!wanted("gemm_f32"))
         return;
-    gemm_ctx g = {m, n, k, dev(m * k * 4), dev(k * n * 4), dev(m * n * 4)};
+    gemm_ctx g = {m, n, k, bench_dev(m * k * 4), bench_dev(k * n * 4), bench_dev(m * n * 4)};
     fill_random(g.a, K3RT_F32, m * k, 1.0, 9);
     fill_random(g.b, K3RT_F32, k * n, 1.0, 10);
     char shape[96];
     snprintf(shape, sizeof shape, "m=%lld n=%lld k=%lld dtype=f32", (long long)m, (long long)n,
              (long long)k);
-    report("gemm_f32", shape, median_ms(gemm_f32, &g, "gemm f32"), 2.0 * m * n * k,
+    report("gemm_f32", shape, bench_median_ms(gemm_f32, &g, CS, WARM, RUNS, "gemm f32"), 2.0 * m * n * k,
            4.0 * (m * k + k * n + m * n));
     k3rt_free(0, g.a), k3rt_free(0, g.b), k3rt_free(0, g.c);
 }
@@ -288,20 +232,20 @@ static void bench_rmsnorm(int64_t n, int64_t d)
 {
     if (!wanted("rmsnorm"))
         return;
-    norm_ctx c = {n, d, dev(n * d * 2), dev(d * 2), dev(n * d * 2), dev(n * 4), dev(n * d * 2),
-                  dev(n * d * 2), dev(d * 4)};
+    norm_ctx c = {n, d, bench_dev(n * d * 2), bench_dev(d * 2), bench_dev(n * d * 2), bench_dev(n * 4), bench_dev(n * d * 2),
+                  bench_dev(n * d * 2), bench_dev(d * 4)};
     fill_random(c.x, K3RT_BF16, n * d, 1.0, 11);
     fill_random(c.g, K3RT_BF16, d, 1.0, 12);
     fill_random(c.dy, K3RT_BF16, n * d, 1.0, 13);
     fill_random(c.dg, K3RT_F32, d, 1.0, 14);
     k3rt_error err = {0};
     if (norm_fwd(&c, &err))
-        die("rmsnorm_fwd", err.msg);
+        bench_die("rmsnorm_fwd", err.msg);
     char shape[96];
     snprintf(shape, sizeof shape, "n=%lld d=%lld dtype=bf16", (long long)n, (long long)d);
-    report("rmsnorm_fwd", shape, median_ms(norm_fwd, &c, "rmsnorm_fwd"), 0,
+    report("rmsnorm_fwd", shape, bench_median_ms(norm_fwd, &c, CS, WARM, RUNS, "rmsnorm_fwd"), 0,
            4.0 * n * d + 4.0 * n + 2.0 * d);
-    report("rmsnorm_bwd", shape, median_ms(norm_bwd, &c, "rmsnorm_bwd"), 0,
+    report("rmsnorm_bwd", shape, bench_median_ms(norm_bwd, &c, CS, WARM, RUNS, "rmsnorm_bwd"), 0,
            6.0 * n * d + 4.0 * n + 10.0 * d);
     k3rt_free(0, c.x), k3rt_free(0, c.g), k3rt_free(0, c.y), k3rt_free(0, c.rstd);
     k3rt_free(0, c.dy), k3rt_free(0, c.dx), k3rt_free(0, c.dg);
@@ -329,16 +273,16 @@ static void bench_xent(int64_t n, int64_t v)
 {
     if (!wanted("xent"))
         return;
-    xent_ctx c = {n, v, dev(n * v * 2), dev(n * 4), dev(n * 4), dev(n * v * 2), NULL};
+    xent_ctx c = {n, v, bench_dev(n * v * 2), bench_dev(n * 4), bench_dev(n * 4), bench_dev(n * v * 2), NULL};
     c.tgt = random_ids(n, v, 15);
     fill_random(c.logits, K3RT_BF16, n * v, 2.0, 16);
     k3rt_error err = {0};
     if (xent_fwd(&c, &err))
-        die("xent_fwd", err.msg);
+        bench_die("xent_fwd", err.msg);
     char shape[96];
     snprintf(shape, sizeof shape, "n=%lld v=%lld dtype=bf16", (long long)n, (long long)v);
-    report("xent_fwd", shape, median_ms(xent_fwd, &c, "xent_fwd"), 0, 2.0 * n * v + 12.0 * n);
-    report("xent_bwd", shape, median_ms(xent_bwd, &c, "xent_bwd"), 0, 4.0 * n * v + 8.0 * n);
+    report("xent_fwd", shape, bench_median_ms(xent_fwd, &c, CS, WARM, RUNS, "xent_fwd"), 0, 2.0 * n * v + 12.0 * n);
+    report("xent_bwd", shape, bench_median_ms(xent_bwd, &c, CS, WARM, RUNS, "xent_bwd"), 0, 4.0 * n * v + 8.0 * n);
     k3rt_free(0, c.logits), k3rt_free(0, c.loss), k3rt_free(0, c.lse), k3rt_free(0, c.dlogits);
     k3rt_free(0, c.tgt);
 }
@@ -384,25 +328,25 @@ static void bench_elementwise(int64_t n)
     char shape[64];
     snprintf(shape, sizeof shape, "n=%lld", (long long)n);
     if (wanted("swiglu")) {
-        ew_ctx c = {n, dev(n * 2), dev(n * 2), dev(n * 2), dev(n * 2), dev(n * 2)};
+        ew_ctx c = {n, bench_dev(n * 2), bench_dev(n * 2), bench_dev(n * 2), bench_dev(n * 2), bench_dev(n * 2)};
         fill_random(c.a, K3RT_BF16, n, 2.0, 17);
         fill_random(c.b, K3RT_BF16, n, 1.0, 18);
-        report("swiglu_fwd", shape, median_ms(swiglu_fwd, &c, "glu_fwd"), 0, 6.0 * n);
-        report("swiglu_bwd", shape, median_ms(swiglu_bwd, &c, "glu_bwd"), 0, 10.0 * n);
+        report("swiglu_fwd", shape, bench_median_ms(swiglu_fwd, &c, CS, WARM, RUNS, "glu_fwd"), 0, 6.0 * n);
+        report("swiglu_bwd", shape, bench_median_ms(swiglu_bwd, &c, CS, WARM, RUNS, "glu_bwd"), 0, 10.0 * n);
         k3rt_free(0, c.a), k3rt_free(0, c.b), k3rt_free(0, c.c), k3rt_free(0, c.d);
         k3rt_free(0, c.e);
     }
     if (wanted("cast") || wanted("sum_squares")) {
-        ew_ctx c = {n, dev(n * 4), dev(n * 2), NULL, NULL, NULL};
+        ew_ctx c = {n, bench_dev(n * 4), bench_dev(n * 2), NULL, NULL, NULL};
         fill_random(c.a, K3RT_F32, n, 1.0, 19);
         if (wanted("cast"))
-            report("cast_f32_bf16", shape, median_ms(cast_op, &c, "cast"), 0, 6.0 * n);
+            report("cast_f32_bf16", shape, bench_median_ms(cast_op, &c, CS, WARM, RUNS, "cast"), 0, 6.0 * n);
         if (wanted("sum_squares"))
-            report("sum_squares", shape, median_ms(sumsq_op, &c, "sum_squares"), 0, 4.0 * n);
+            report("sum_squares", shape, bench_median_ms(sumsq_op, &c, CS, WARM, RUNS, "sum_squares"), 0, 4.0 * n);
         k3rt_free(0, c.a), k3rt_free(0, c.b);
     }
     if (wanted("adamw")) {
-        ew_ctx c = {n, dev(n * 4), dev(n * 4), dev(n * 4), dev(n * 4), NULL};
+        ew_ctx c = {n, bench_dev(n * 4), bench_dev(n * 4), bench_dev(n * 4), bench_dev(n * 4), NULL};
         fill_random(c.a, K3RT_F32, n, 1.0, 20);
         fill_random(c.b, K3RT_F32, n, 1e-2, 21);
         fill_random(c.c, K3RT_F32, n, 1e-3, 22);
@@ -410,8 +354,8 @@ static void bench_elementwise(int64_t n)
         k3rt_error err = {0};
         /* v must be >= 0: one step from v = x^2 style values keeps it so. */
         if (k3rt_mul(S, K3RT_F32, n, c.d, c.d, c.d, &err))
-            die("mul", err.msg);
-        report("adamw", shape, median_ms(adamw_op, &c, "adamw_step"), 0, 28.0 * n);
+            bench_die("mul", err.msg);
+        report("adamw", shape, bench_median_ms(adamw_op, &c, CS, WARM, RUNS, "adamw_step"), 0, 28.0 * n);
         k3rt_free(0, c.a), k3rt_free(0, c.b), k3rt_free(0, c.c), k3rt_free(0, c.d);
     }
 }
@@ -426,7 +370,7 @@ static int copy_op(void *p, k3rt_error *err)
 {
     copy_ctx *c = p;
     (void)err;
-    cuda_check(cudaMemcpyAsync(c->b, c->a, c->bytes, cudaMemcpyDeviceToDevice, CS),
+    bench_cuda_check(cudaMemcpyAsync(c->b, c->a, c->bytes, cudaMemcpyDeviceToDevice, CS),
                "cudaMemcpyAsync");
     return 0;
 }
@@ -436,14 +380,15 @@ static void bench_copy(void)
     if (!wanted("copy"))
         return;
     copy_ctx c = {(size_t)2 << 30, NULL, NULL};
-    c.a = dev(c.bytes), c.b = dev(c.bytes);
+    c.a = bench_dev(c.bytes), c.b = bench_dev(c.bytes);
     fill_random(c.a, K3RT_F32, (int64_t)(c.bytes / 4), 1.0, 24);
-    report("copy", "size=2147483648", median_ms(copy_op, &c, "copy"), 0, 2.0 * (double)c.bytes);
+    report("copy", "size=2147483648", bench_median_ms(copy_op, &c, CS, WARM, RUNS, "copy"), 0, 2.0 * (double)c.bytes);
     k3rt_free(0, c.a), k3rt_free(0, c.b);
 }
 
 int main(int argc, char **argv)
 {
+    bench_program = "bench_gpu_ops";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--runs") && i + 1 < argc)
             RUNS = atoi(argv[++i]);
@@ -460,15 +405,15 @@ int main(int argc, char **argv)
         }
     }
     if (RUNS < 1 || WARM < 0 || N < 1)
-        die("arguments", "--runs >= 1, --warmup >= 0 and --tokens >= 1 please");
+        bench_die("arguments", "--runs >= 1, --warmup >= 0 and --tokens >= 1 please");
     if (k3rt_cuda_device_count() == 0)
-        die("device", "no CUDA device");
+        bench_die("device", "no CUDA device");
     k3rt_error err = {0};
     if (k3rt_stream_create(0, K3RT_STREAM_COMPUTE, &S, &err))
-        die("k3rt_stream_create", err.msg);
+        bench_die("k3rt_stream_create", err.msg);
     CS = (cudaStream_t)k3rt_stream_native(S);
     struct cudaDeviceProp prop;
-    cuda_check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    bench_cuda_check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     printf("device=\"%s\" sms=%d runs=%d warmup=%d tokens=%lld\n", prop.name,
            prop.multiProcessorCount, RUNS, WARM, (long long)N);
 

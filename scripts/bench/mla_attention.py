@@ -13,10 +13,13 @@ flash cannot run, so it is also timed with V zero-padded to the query width (the
 runs on flash attention; its FLOPs are counted at the true widths). The ratio is k3rt's TFLOP/s
 over the fastest PyTorch variant.
 
-FLOPs, causal: forward 2 B H T^2 (dqk + dv) / 2; backward 2.5x the forward.
+FLOPs, causal: forward 2 B H T^2 (dqk + dv) / 2; backward 2.5x the forward. k3rt's backward is
+timed in both modes: the default (dQ summed with atomics) and deterministic ("determ.").
 
   python3 scripts/bench/mla_attention.py [--bench PATH] [--runs R] [--warmup W]
                                          [--shape B,T,H,DQK,DV]... [--json OUT.json]
+
+Results, with the date, GPU and command, are in docs/PERFORMANCE.md.
 """
 import argparse
 import json
@@ -25,40 +28,11 @@ import subprocess
 import sys
 
 import torch
+
+from bench_util import median_ms, parse_line
 import torch.nn.functional as F
 
 BF = torch.bfloat16
-
-
-def parse_line(line):
-    out = {}
-    for part in line.split():
-        if "=" in part:
-            k, v = part.split("=", 1)
-            for conv in (int, float):
-                try:
-                    out[k] = conv(v)
-                    break
-                except ValueError:
-                    pass
-            else:
-                out[k] = v
-    return out
-
-
-def median_ms(fn, runs, warmup):
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-    for i in range(runs):
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    t = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    n = len(t)
-    return t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
 
 
 def sdpa_variants():
@@ -166,12 +140,18 @@ def main():
         for label, t in r["torch"].items():
             if "fwdbwd_ms" in t and (best is None or t["fwdbwd_ms"] < best[1]["fwdbwd_ms"]):
                 best = (label, t)
-        k_tf = tf(fb, r["fwdbwd_ms"])
-        ratio = k_tf / tf(fb, best[1]["fwdbwd_ms"]) if best else float("nan")
-        r["ratio_vs_best_torch"] = ratio
         r["best_torch"] = best[0] if best else None
-        print(f"{shape:<24} {'k3rt ' + r['path']:<26} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} "
-              f"{tf(ff, r['fwd_ms']):7.1f} {k_tf:7.1f} {ratio:6.2f}")
+        # The default (non-deterministic) backward, then the deterministic one.
+        for key, label, name in (("fwdbwd_ms", "", shape),
+                                 ("fwdbwd_det_ms", " determ.", "")):
+            if key not in r:
+                continue
+            k_tf = tf(fb, r[key])
+            ratio = k_tf / tf(fb, best[1]["fwdbwd_ms"]) if best else float("nan")
+            r["ratio_vs_best_torch" + ("_det" if label else "")] = ratio
+            who = "k3rt " + r["path"] + label
+            print(f"{name:<24} {who:<26} {r['fwd_ms']:8.3f} {r[key]:8.3f} "
+                  f"{tf(ff, r['fwd_ms']):7.1f} {k_tf:7.1f} {ratio:6.2f}")
         for label, t in r["torch"].items():
             if "error" in t:
                 print(f"{'':<24} {'torch ' + label:<26} {t['error']}")

@@ -1,8 +1,9 @@
 /* The MLA plugin's attention core (plugins/attention/mla/mla_cuda.h) timed with CUDA events:
  * causal forward, backward (with its row-dot pass) and forward + backward, bf16 unless asked,
- * at MLA's widths. Each measurement runs `--warmup` times, then `--runs` times between pairs of
- * events; the median is printed. Inputs are uniform random in [-1, 1) (never zero), queries
- * scaled so the logits have unit spread.
+ * at MLA's widths; the backward in both modes (bwd_ms: not deterministic, the default of
+ * training; bwd_det_ms: deterministic). Each measurement runs `--warmup` times, then `--runs`
+ * times between pairs of events; the median is printed. Inputs are uniform random in [-1, 1)
+ * (never zero), queries scaled so the logits have unit spread.
  *
  *   bench_mla_attention [--runs R] [--warmup W] [--dtype bf16|f32] [--shape B,T,H,DQK,DV]...
  *
@@ -10,7 +11,7 @@
  * key=value pairs, read by scripts/bench/mla_attention.py (which times PyTorch's
  * scaled_dot_product_attention at the same shapes in the same run):
  *   op=mla_attn B=8 T=4096 H=8 dqk=192 dv=128 dtype=bf16 path=tensor-core fwd_ms=...
- *   bwd_ms=... fwdbwd_ms=... fwd_flops=... bwd_flops=...
+ *   bwd_ms=... fwdbwd_ms=... bwd_det_ms=... fwdbwd_det_ms=... fwd_flops=... bwd_flops=...
  * FLOPs, causal (half of the T x T pairs): forward 2 B H T^2 (dqk + dv) / 2; backward 2.5 times
  * the forward (the usual convention: five products against the forward's two, recomputation not
  * counted). */
@@ -23,31 +24,12 @@
 
 #include <k3rt/k3rt.h>
 
+#include "cuda_bench.h"
+
 #include "mla_cuda.h"
 
 static cudaStream_t CS;
 static int RUNS = 20, WARM = 5;
-
-static void die(const char *what, const char *msg)
-{
-    fprintf(stderr, "bench_mla_attention: %s: %s\n", what, msg);
-    exit(1);
-}
-
-static void cuda_check(cudaError_t e, const char *what)
-{
-    if (e != cudaSuccess)
-        die(what, cudaGetErrorString(e));
-}
-
-static void *dev(size_t bytes)
-{
-    k3rt_error err = {0};
-    void *p = k3rt_alloc(0, bytes, &err);
-    if (!p)
-        die("k3rt_alloc", err.msg);
-    return p;
-}
 
 /* n uniform values in [-scale, scale), never 0, as dtype, onto the device. */
 static void *random_dev(int dtype, int64_t n, double scale, uint64_t seed)
@@ -55,7 +37,7 @@ static void *random_dev(int dtype, int64_t n, double scale, uint64_t seed)
     k3rt_error err = {0};
     size_t es = k3rt_dtype_size(dtype);
     float *f = malloc((size_t)n * sizeof *f);
-    void *h = malloc((size_t)n * es), *d = dev((size_t)n * es);
+    void *h = malloc((size_t)n * es), *d = bench_dev((size_t)n * es);
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
     for (int64_t i = 0; i < n; i++) {
         s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
@@ -64,56 +46,19 @@ static void *random_dev(int dtype, int64_t n, double scale, uint64_t seed)
         f[i] = (float)(x != 0 ? x : scale * 0.5);
     }
     if (k3rt_convert(h, dtype, f, K3RT_F32, n, &err))
-        die("k3rt_convert", err.msg);
-    cuda_check(cudaMemcpy(d, h, (size_t)n * es, cudaMemcpyHostToDevice), "cudaMemcpy");
+        bench_die("k3rt_convert", err.msg);
+    bench_cuda_check(cudaMemcpy(d, h, (size_t)n * es, cudaMemcpyHostToDevice), "cudaMemcpy");
     free(f);
     free(h);
     return d;
 }
 
-typedef int (*op_fn)(const mla_attn *a, k3rt_error *err);
-
-static int run_fwd(const mla_attn *a, k3rt_error *err) { return mla_attn_fwd_cuda(CS, a, err); }
-static int run_bwd(const mla_attn *a, k3rt_error *err) { return mla_attn_bwd_cuda(CS, a, err); }
-static int run_both(const mla_attn *a, k3rt_error *err)
+static int run_fwd(void *a, k3rt_error *err) { return mla_attn_fwd_cuda(CS, a, err); }
+static int run_bwd(void *a, k3rt_error *err) { return mla_attn_bwd_cuda(CS, a, err); }
+static int run_both(void *a, k3rt_error *err)
 {
     K3RT_TRY(mla_attn_fwd_cuda(CS, a, err));
     return mla_attn_bwd_cuda(CS, a, err);
-}
-
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
-static double median_ms(op_fn f, const mla_attn *a, const char *name)
-{
-    k3rt_error err = {0};
-    for (int i = 0; i < WARM; i++)
-        if (f(a, &err))
-            die(name, err.msg);
-    cudaEvent_t *ev = malloc(sizeof *ev * 2 * (size_t)RUNS);
-    for (int i = 0; i < 2 * RUNS; i++)
-        cuda_check(cudaEventCreate(&ev[i]), "cudaEventCreate");
-    for (int i = 0; i < RUNS; i++) {
-        cuda_check(cudaEventRecord(ev[2 * i], CS), "cudaEventRecord");
-        if (f(a, &err))
-            die(name, err.msg);
-        cuda_check(cudaEventRecord(ev[2 * i + 1], CS), "cudaEventRecord");
-    }
-    cuda_check(cudaStreamSynchronize(CS), "cudaStreamSynchronize");
-    cuda_check(cudaGetLastError(), name);
-    float *t = malloc(sizeof *t * (size_t)RUNS);
-    for (int i = 0; i < RUNS; i++)
-        cuda_check(cudaEventElapsedTime(&t[i], ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
-    qsort(t, (size_t)RUNS, sizeof *t, cmp_float);
-    double med = RUNS % 2 ? t[RUNS / 2] : 0.5 * (t[RUNS / 2 - 1] + t[RUNS / 2]);
-    for (int i = 0; i < 2 * RUNS; i++)
-        cudaEventDestroy(ev[i]);
-    free(ev);
-    free(t);
-    return med;
 }
 
 static void bench_shape(int dtype, int64_t B, int64_t T, int64_t H, int64_t dqk, int64_t dv)
@@ -128,29 +73,37 @@ static void bench_shape(int dtype, int64_t B, int64_t T, int64_t H, int64_t dqk,
     double s = 1.7320508 * sqrt(sqrt((double)dqk));
     a.q = random_dev(dtype, nq, s, 1), a.k = random_dev(dtype, nq, s, 2);
     a.v = random_dev(dtype, nv, 1.0, 3), a.dout = random_dev(dtype, nv, 1.0, 4);
-    a.o = dev((size_t)nv * es), a.lse = dev((size_t)nr * 4);
-    a.block_max = dev((size_t)(B * H * ((T + 31) / 32)) * 4);
-    a.dq = dev((size_t)nq * es), a.dk = dev((size_t)nq * es), a.dv_out = dev((size_t)nv * es);
-    a.drow = dev((size_t)nr * 4);
-    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    a.o = bench_dev((size_t)nv * es), a.lse = bench_dev((size_t)nr * 4);
+    a.block_max = bench_dev((size_t)(B * H * ((T + 31) / 32)) * 4);
+    a.dq = bench_dev((size_t)nq * es), a.dk = bench_dev((size_t)nq * es), a.dv_out = bench_dev((size_t)nv * es);
+    a.drow = bench_dev((size_t)nr * 4), a.dq_acc = bench_dev((size_t)nq * 4);
+    bench_cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 
-    double fwd = median_ms(run_fwd, &a, "forward");
-    double bwd = median_ms(run_bwd, &a, "backward");
-    double both = median_ms(run_both, &a, "forward+backward");
+    double fwd = bench_median_ms(run_fwd, &a, CS, WARM, RUNS, "forward");
+    a.deterministic = 0;
+    double bwd = bench_median_ms(run_bwd, &a, CS, WARM, RUNS, "backward");
+    double both = bench_median_ms(run_both, &a, CS, WARM, RUNS, "forward+backward");
+    a.deterministic = 1;
+    double bwd_det = bench_median_ms(run_bwd, &a, CS, WARM, RUNS, "backward (deterministic)");
+    double both_det =
+        bench_median_ms(run_both, &a, CS, WARM, RUNS, "forward+backward (deterministic)");
     double ff = (double)B * H * (double)T * (double)T * (double)(dqk + dv);
     printf("op=mla_attn B=%lld T=%lld H=%lld dqk=%lld dv=%lld dtype=%s path=%s fwd_ms=%.4f "
-           "bwd_ms=%.4f fwdbwd_ms=%.4f fwd_flops=%.6g bwd_flops=%.6g\n",
+           "bwd_ms=%.4f fwdbwd_ms=%.4f bwd_det_ms=%.4f fwdbwd_det_ms=%.4f fwd_flops=%.6g "
+           "bwd_flops=%.6g\n",
            (long long)B, (long long)T, (long long)H, (long long)dqk, (long long)dv,
-           k3rt_dtype_name(dtype), mla_attn_path(&a), fwd, bwd, both, ff, 2.5 * ff);
+           k3rt_dtype_name(dtype), mla_attn_path(&a), fwd, bwd, both, bwd_det, both_det, ff,
+           2.5 * ff);
     fflush(stdout);
     void *bufs[] = {(void *)a.q, (void *)a.k, (void *)a.v, (void *)a.dout, a.o, a.lse,
-                    a.block_max, a.dq, a.dk, a.dv_out, a.drow};
+                    a.block_max, a.dq, a.dk, a.dv_out, a.drow, a.dq_acc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         k3rt_free(0, bufs[i]);
 }
 
 int main(int argc, char **argv)
 {
+    bench_program = "bench_mla_attention";
     int64_t shapes[16][5], n = 0;
     int dtype = K3RT_BF16;
     for (int i = 1; i < argc; i++) {
@@ -164,7 +117,7 @@ int main(int argc, char **argv)
             long long v[5];
             if (sscanf(argv[++i], "%lld,%lld,%lld,%lld,%lld", &v[0], &v[1], &v[2], &v[3],
                        &v[4]) != 5)
-                die("--shape", "expected B,T,H,DQK,DV");
+                bench_die("--shape", "expected B,T,H,DQK,DV");
             for (int j = 0; j < 5; j++)
                 shapes[n][j] = v[j];
             n++;
@@ -175,7 +128,7 @@ int main(int argc, char **argv)
         }
     }
     if (RUNS < 1 || WARM < 0 || (dtype != K3RT_BF16 && dtype != K3RT_F32))
-        die("arguments", "runs >= 1, warmup >= 0, dtype bf16 or f32");
+        bench_die("arguments", "runs >= 1, warmup >= 0, dtype bf16 or f32");
     if (n == 0) {
         const int64_t def[3][5] = {{8, 4096, 8, 192, 128}, {2, 16384, 8, 192, 128},
                                    {8, 4096, 16, 128, 128}};
@@ -183,11 +136,11 @@ int main(int argc, char **argv)
         n = 3;
     }
     if (k3rt_cuda_device_count() == 0)
-        die("device", "no CUDA device");
+        bench_die("device", "no CUDA device");
     k3rt_error err = {0};
     k3rt_stream *s;
     if (k3rt_stream_create(0, K3RT_STREAM_COMPUTE, &s, &err))
-        die("k3rt_stream_create", err.msg);
+        bench_die("k3rt_stream_create", err.msg);
     CS = (cudaStream_t)k3rt_stream_native(s);
     for (int64_t i = 0; i < n; i++)
         bench_shape(dtype, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);

@@ -25,34 +25,9 @@ case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 LOGS=${OUT:-$ROOT/gpu-logs}
 mkdir -p "$LOGS"
 
-# Never NVLink multicast on these machines; this image's OpenBLAS misdetects the CPU.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OPENBLAS_CORETYPE=SkylakeX OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-export PYTHONUNBUFFERED=1
+. "$ROOT/scripts/gpu/env.sh"
 
-# Directories holding CUDA's libraries: the toolkit's first, then PyTorch's wheels.
-cuda_dirs=""
-for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
-    found=""
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda-13*/lib64 \
-             /usr/local/cuda-13*/lib /usr/lib/x86_64-linux-gnu; do
-        if [ -e "$d/$lib" ]; then found=$d; break; fi
-    done
-    if [ -z "$found" ]; then
-        nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)
-        [ -n "$nv" ] && found=$(dirname "$(find "$nv" -name "$lib" 2>/dev/null | head -1)" 2>/dev/null)
-    fi
-    [ -n "$found" ] && case ":$cuda_dirs:" in *":$found:"*) ;; *) cuda_dirs="$cuda_dirs:$found" ;; esac
-done
-# Only k3rt's programs see libs/: PyTorch keeps the image's own libraries.
-LIBPATH="$BUILD/lib:$ROOT/libs$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export K3RT_BENCH_LD_LIBRARY_PATH=$LIBPATH
-
-{
-    echo "== $(date -u +%FT%TZ) $(hostname)"
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1
-    echo "library path of k3rt's programs: $LIBPATH"
-} | tee "$LOGS/env.log"
+gpu_env_report "$LOGS/env.log"
 
 want() { case " ${K3RT_GPU_SECTIONS:-tests bench} " in *" $1 "*) return 0 ;; esac; return 1; }
 export K3RT_PLUGIN_PATH=$BUILD/plugins K3RT_BIN=$BUILD/bin/k3rt K3RT_SOURCE_DIR=$ROOT

@@ -16,7 +16,8 @@
 # Environment: K3RT_MLA_STEPS (default "test bench memcheck racecheck"; also "ncu": Nsight Compute
 # on one launch of each tensor-core kernel at B=2, T=4096, H=8, 192/128) picks the steps;
 # K3RT_BENCH_RUNS (default 20) the timed runs per measurement; K3RT_MLA_SHAPES (e.g.
-# "8,4096,8,192,128 8,4096,16,128,128") the bench shapes instead of its defaults.
+# "8,4096,8,192,128 8,4096,16,128,128") the bench shapes instead of its defaults;
+# K3RT_MLA_RACECHECK_S (default 150) racecheck's time limit in seconds (memcheck's is 60).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-${K3RT_BUILD:-$ROOT/build-mla}}
@@ -25,38 +26,13 @@ LOGS=${OUT:-$ROOT/gpu-logs}
 STEPS=${K3RT_MLA_STEPS:-test bench memcheck racecheck}
 mkdir -p "$LOGS"
 
-# Never NVLink multicast on these machines; this image's OpenBLAS misdetects the CPU.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OPENBLAS_CORETYPE=SkylakeX OMP_NUM_THREADS=${OMP_NUM_THREADS:-8} OMP_WAIT_POLICY=passive
-export PYTHONUNBUFFERED=1
-
-# CUDA's libraries: the toolkit's, else PyTorch's wheels. Only k3rt's programs see libs/.
-cuda_dirs=""
-for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
-    found=""
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda-13*/lib64 \
-             /usr/local/cuda-13*/lib /usr/lib/x86_64-linux-gnu; do
-        if [ -e "$d/$lib" ]; then found=$d; break; fi
-    done
-    if [ -z "$found" ]; then
-        nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)
-        [ -n "$nv" ] &&
-            found=$(dirname "$(find "$nv" -name "$lib" 2>/dev/null | head -1)" 2>/dev/null)
-    fi
-    [ -n "$found" ] &&
-        case ":$cuda_dirs:" in *":$found:"*) ;; *) cuda_dirs="$cuda_dirs:$found" ;; esac
-done
-LIBPATH="$BUILD/lib:$ROOT/libs$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export K3RT_BENCH_LD_LIBRARY_PATH=$LIBPATH
+. "$ROOT/scripts/gpu/env.sh"
+export OMP_WAIT_POLICY=passive
 export K3RT_PLUGIN_PATH=$BUILD/plugins
 
 TEST=$BUILD/bin/gpu_test_mla_cuda
 BENCH=$BUILD/bin/bench_mla_attention
-{
-    echo "== $(date -u +%FT%TZ) $(hostname)"
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1
-    echo "library path of k3rt's programs: $LIBPATH"
-} | tee "$LOGS/env.log"
+gpu_env_report "$LOGS/env.log"
 missing=$(LD_LIBRARY_PATH=$LIBPATH ldd "$TEST" "$BENCH" "$BUILD/plugins/libk3rt_mla.so" 2>&1 |
           grep "not found" | sort -u)
 if [ -n "$missing" ]; then
@@ -105,8 +81,11 @@ for tool in memcheck racecheck; do
     want $tool || continue
     echo "== $(date -u +%T) compute-sanitizer $tool, small shapes (log: $LOGS/$tool.log)"
     pick=(); [ $tool = racecheck ] && pick=(CK_RUN_CASE=core)
-    env LD_LIBRARY_PATH="$LIBPATH" K3RT_MLA_TEST_SMALL=1 ${pick[@]+"${pick[@]}"} timeout 60 \
-        compute-sanitizer --tool $tool --error-exitcode 9 "$TEST" > "$LOGS/$tool.log" 2>&1
+    limit=60; [ $tool = racecheck ] && limit=${K3RT_MLA_RACECHECK_S:-150}
+    lines=(); command -v stdbuf > /dev/null && lines=(stdbuf -oL)  # progress survives a timeout
+    env LD_LIBRARY_PATH="$LIBPATH" K3RT_MLA_TEST_SMALL=1 ${pick[@]+"${pick[@]}"} timeout $limit \
+        ${lines[@]+"${lines[@]}"} compute-sanitizer --tool $tool --error-exitcode 9 "$TEST" \
+        > "$LOGS/$tool.log" 2>&1
     rc=$?
     [ $tool = memcheck ] && mem_rc=$rc || race_rc=$rc
 done

@@ -851,22 +851,8 @@ static Suite *suite(void)
 
 int main(void)
 {
-    if (k3rt_cuda_device_count() == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
-    k3rt_error err = {0};
-    if (k3rt_stream_create(0, K3RT_STREAM_COMPUTE, &G, &err) != K3RT_OK) {
-        fprintf(stderr, "cannot create a CUDA stream: %s\n", err.msg);
-        return 1;
-    }
     H = tu_cpu_stream(4);
-    SRunner *sr = srunner_create(suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_VERBOSE);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    k3rt_stream_destroy(G);
+    int rc = tu_run_gpu_suite(suite, &G);
     k3rt_stream_destroy(H);
-    return failed == 0 ? 0 : 1;
+    return rc;
 }

@@ -1017,24 +1017,10 @@ static Suite *suite(void)
 
 int main(void)
 {
-    if (k3rt_cuda_device_count() == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
-    k3rt_error err = {0};
-    if (k3rt_stream_create(DEV, K3RT_STREAM_COMPUTE, &G, &err) != K3RT_OK) {
-        fprintf(stderr, "cannot create a CUDA stream: %s\n", err.msg);
-        return 1;
-    }
     H = tu_cpu_stream(2);
-    SRunner *sr = srunner_create(suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_VERBOSE);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int rc = tu_run_gpu_suite(suite, &G);
     for (int i = 0; i < 3; i++)
         registry_free(&g_reg[i]);
-    k3rt_stream_destroy(G);
     k3rt_stream_destroy(H);
-    return failed == 0 ? 0 : 1;
+    return rc;
 }

@@ -75,23 +75,19 @@ START_TEST(bf16_gpu_training_matches_cpu)
 }
 END_TEST
 
-int main(void)
+static Suite *suite(void)
 {
-    if (k3rt_cuda_device_count() == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
-    if (!tu_dense_plugins_have_cuda())
-        return 77;
     Suite *s = suite_create("train_bf16");
     TCase *t = tcase_create("tiny_dense");
     tcase_set_timeout(t, 900);
     tcase_add_test(t, bf16_gpu_training_matches_cpu);
     suite_add_tcase(s, t);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_VERBOSE);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return s;
+}
+
+int main(void)
+{
+    if (k3rt_cuda_device_count() > 0 && !tu_dense_plugins_have_cuda())
+        return 77;
+    return tu_run_gpu_suite(suite, NULL);
 }

@@ -113,6 +113,33 @@ int tu_run_suite(Suite *s)
     return failed == 0 ? 0 : 1;
 }
 
+int tu_has_cuda_device(void)
+{
+    if (k3rt_cuda_device_count() > 0)
+        return 1;
+    printf("no CUDA device: skipped\n");
+    return 0;
+}
+
+int tu_run_gpu_suite(Suite *(*make)(void), k3rt_stream **stream)
+{
+    if (!tu_has_cuda_device())
+        return 77;
+    k3rt_error err = {0};
+    if (stream && k3rt_stream_create(0, K3RT_STREAM_COMPUTE, stream, &err) != K3RT_OK) {
+        fprintf(stderr, "cannot create a CUDA stream: %s\n", err.msg);
+        return 1;
+    }
+    SRunner *sr = srunner_create(make());
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_VERBOSE);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    if (stream)
+        k3rt_stream_destroy(*stream);
+    return failed == 0 ? 0 : 1;
+}
+
 const char *tu_python_with_numpy(void)
 {
     const char *env = getenv("K3RT_PYTHON");

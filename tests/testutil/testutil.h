@@ -42,5 +42,10 @@ double tu_safetensors_max_rel_diff(const char *file_a, const char *file_b);
 int tu_dense_plugins_have_cuda(void);
 /* Runs one suite and returns the process exit code. */
 int tu_run_suite(Suite *s);
+/* For tests/gpu: 77 (skip) without a CUDA device; else runs the suite without fork (CUDA
+ * does not survive a fork of an initialised process), verbosely, and returns the exit code.
+ * `stream`, when not NULL, receives a compute stream on device 0 first (destroyed after). */
+int tu_run_gpu_suite(Suite *(*make)(void), k3rt_stream **stream);
+int tu_has_cuda_device(void);
 
 #endif

@@ -4,10 +4,10 @@
 //   one pass (not deterministic)  one block per (b*h, 16*NW keys), NW warps of 16 keys; the
 //            query tiles (BM rows, double buffered) at and after the keys: S^T = K Q^T,
 //            P^T = exp2(S^T - lse), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D),
-//            dK += dS^T Q, all per warp in registers; then dS^T goes through shared memory and
-//            the block adds dS K into an f32 dQ accumulator with float2 atomics (a small kernel
-//            scales it into dq). Five products, the usual FLOP count; the order of the dQ sums
-//            varies between runs.
+//            dK += dS^T Q, all per warp in registers; dS^T goes to shared memory, and one tile
+//            later (behind the next tile's barrier, no barrier of its own) the block adds dS K
+//            into an f32 dQ accumulator with float2 atomics (a small kernel scales it into dq).
+//            Five products, the usual FLOP count; the order of the dQ sums varies between runs.
 //   two passes (deterministic)  the same dK/dV kernel without the dQ stage (BM = 32), then
 //            one block per (b*h, 16*NW query rows), NW warps of 16 rows whose Q fragments stay
 //            in registers; key tiles of 32 (double buffered) up to the rows: S, P, dP, dS as
@@ -22,14 +22,14 @@ using namespace mla_tc;
 
 // ---- dK and dV (and the one-pass dQ stage) -----------------------------------------------------
 
-// ATOMIC adds the dQ stage: dS^T of the tile into shared memory ([BN keys][BM rows], rows padded
-// by 16 bytes), then dQ (BM x DQK) = dS K with the warps as MW row groups of WM rows times CW
-// column groups of WN columns.
+// ATOMIC adds the dQ stage: dS^T of each tile into shared memory ([BN keys][BM rows], rows padded
+// by 16 bytes, double buffered), then dQ (BM x DQK) = dS K with the warps as MW row groups of WM
+// rows times CW column groups of WN columns.
 template <int DQK, int DV, int NW, int BM_, bool ATOMIC> struct BwdKV {
     static constexpr int THREADS = NW * 32, BN = NW * 16, BM = BM_, QS = DQK + 8, VS = DV + 8;
     static constexpr int DSS = BM + 8, WM = 32, MW = BM / WM, CW = NW / MW, WN = DQK / CW;
     static constexpr int SMEM =
-        (BN * QS + BN * VS + 2 * BM * QS + 2 * BM * VS + (ATOMIC ? BN * DSS : 0)) * 2 +
+        (BN * QS + BN * VS + 2 * BM * QS + 2 * BM * VS + (ATOMIC ? 2 * BN * DSS : 0)) * 2 +
         4 * BM * 4;
     static_assert(BN % BM == 0 && BM % 16 == 0, "key blocks begin at query tiles");
     static_assert(!ATOMIC || (BM % WM == 0 && NW % MW == 0 && DQK % CW == 0 && WN % 8 == 0),
@@ -106,7 +106,7 @@ kv_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *sK = reinterpret_cast<bf16 *>(smem), *sV = sK + C::BN * C::QS,
          *sQ = sV + C::BN * C::VS, *sO = sQ + 2 * C::BM * C::QS, *sdS = sO + 2 * C::BM * C::VS;
-    float *sL = reinterpret_cast<float *>(sdS + (ATOMIC ? C::BN * C::DSS : 0)),
+    float *sL = reinterpret_cast<float *>(sdS + (ATOMIC ? 2 * C::BN * C::DSS : 0)),
           *sD = sL + 2 * C::BM;
     const int bh = blockIdx.x, b = bh / H, h = bh % H;
     const int k0 = blockIdx.y * C::BN;  // the first key blocks have the most rows: first
@@ -148,6 +148,7 @@ kv_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
         cp_async_commit();
         const bf16 *tQ = sQ + buf * C::BM * C::QS, *tO = sO + buf * C::BM * C::VS;
         const float *tL = sL + buf * C::BM, *tD = sD + buf * C::BM;
+        bf16 *tdS = sdS + buf * C::BN * C::DSS;  // this tile's dS^T (ATOMIC)
         // A warp whose keys all follow the tile's rows, or are all past T, has nothing to add
         // (barriers still run for the block).
         const bool live = r0 + C::BM - 1 >= wkey0 && wkey0 < T;
@@ -224,7 +225,7 @@ kv_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
                 uint32_t da[4];
                 c_to_a(da, dpt[2 * kk], dpt[2 * kk + 1]);
                 if constexpr (ATOMIC) {  // dS^T as bf16 pairs: keys g, g+8 x rows 2t, 2t+1
-                    bf16 *lo = sdS + (kw + g) * C::DSS + kk * 16 + 2 * t4,
+                    bf16 *lo = tdS + (kw + g) * C::DSS + kk * 16 + 2 * t4,
                          *hi = lo + 8 * C::DSS;
                     *reinterpret_cast<uint32_t *>(lo) = da[0];
                     *reinterpret_cast<uint32_t *>(hi) = da[1];
@@ -256,10 +257,18 @@ kv_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
             to_ds();
             dk_update();
         }
-        if constexpr (ATOMIC) {
-            __syncthreads();  // every live warp's dS^T is in sdS
-            dq_stage<C>(sdS, sK, dq_acc + tok * DQK, ldq, k0, r0, T, warp, lane);
-        }
+        // The previous tile's dQ: its dS^T was complete at this iteration's barrier, and its
+        // buffer is rewritten only after the next one. Running it here, not behind a barrier of
+        // its own, lets the warps drift apart and overlap its atomics with other warps' products.
+        if constexpr (ATOMIC)
+            if (i > i0)
+                dq_stage<C>(tdS == sdS ? sdS + C::BN * C::DSS : sdS, sK, dq_acc + tok * DQK, ldq,
+                            k0, r0 - C::BM, T, warp, lane);
+    }
+    if constexpr (ATOMIC) {  // the last tile's dQ
+        __syncthreads();
+        dq_stage<C>(sdS + ((nqt - 1 - i0) & 1) * C::BN * C::DSS, sK, dq_acc + tok * DQK, ldq, k0,
+                    (nqt - 1) * C::BM, T, warp, lane);
     }
 
     bf16 *dKg = dk + tok * DQK, *dVg = dv + tok * DV;
@@ -487,12 +496,11 @@ int one_pass(cudaStream_t st, const mla_attn *a, k3rt_error *err)
 // 5-7% faster with 8 than with 4 (one block per multiprocessor; the shared tiles are read from
 // L2 half as often, and the dK/dV pass no longer spills).
 constexpr int kBwdWarps = 8;
-// Query rows per tile of the one-pass backward. 64 reads each K and V fragment for twice the
-// products and halves the barriers per row; at 192/128 it spills (184 bytes), so 32 there.
-// MLA_TC_BM128 (64 or 32) picks the 128/128 size at build time, for comparisons.
-#ifndef MLA_TC_BM128
-#define MLA_TC_BM128 64
-#endif
+// Query rows per tile of the one-pass backward, measured on the H200 (fwd+bwd, B=8, T=4096):
+// at 128/128 (H=16) 64 rows took 8.47 ms against 9.54 with 32 (dQ stage not yet deferred; each
+// K and V fragment feeds twice the products, half the barriers per row); at 192/128 (H=8) 64
+// rows spill (88 bytes even with P kept as bf16 and dQ in column slices): 5.97 ms against 5.67.
+constexpr int kRows192 = 32, kRows128 = 64;
 
 }  // namespace
 
@@ -501,6 +509,6 @@ int mla_tc_bwd(cudaStream_t st, const mla_attn *a, k3rt_error *err)
     if (a->deterministic)
         return a->dqk == 192 ? two_pass<192, 128, kBwdWarps>(st, a, err)
                              : two_pass<128, 128, kBwdWarps>(st, a, err);
-    return a->dqk == 192 ? one_pass<192, 128, kBwdWarps, 32>(st, a, err)
-                         : one_pass<128, 128, kBwdWarps, MLA_TC_BM128>(st, a, err);
+    return a->dqk == 192 ? one_pass<192, 128, kBwdWarps, kRows192>(st, a, err)
+                         : one_pass<128, 128, kBwdWarps, kRows128>(st, a, err);
 }

@@ -26,8 +26,9 @@ extern "C" {
  *             ([B, H, T] f32 scratch). With `deterministic` no float atomics and fixed
  *             summation orders: the same bits on every run. Without it the tensor-core
  *             backward makes one pass and sums dQ with float atomics into dq_acc ([B, T, H, dqk]
- *             f32 scratch, 16-byte aligned, needed then): about 1.4x less work, last bits of dq
- *             varying between runs. The fp32 kernels are deterministic in either mode.
+ *             f32 scratch, 16-byte aligned, needed then): five products instead of seven, the
+ *             last bits of dq varying between runs. The fp32 kernels are deterministic in
+ *             either mode.
  * bf16 with (dqk, dv) = (192, 128) or (128, 128) and 16-byte aligned rows runs on the tensor
  * cores (mma.sync m16n8k16, fp32 accumulation, online softmax); every other case runs the
  * fp32-arithmetic kernels (exact fp32 for f32 data), for head widths up to what shared memory
