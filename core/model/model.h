@@ -80,10 +80,9 @@ typedef struct model {
     void *compute_buf;       /* bf16 copies of the master weights, or NULL (same dtype) */
     int64_t total_numel;
     size_t elem;             /* bytes per element of the compute dtype */
-    int master_dtype;        /* F32 under bf16 compute, else the compute dtype */
+    int master_dtype;        /* F32 under bf16 compute, else the compute dtype; also the dtype
+                                of per-row statistics (rstd, lse, loss), as ops.h asks */
     size_t master_elem;
-    int stat_dtype;          /* per-row statistics (rstd, lse, loss): F32 under bf16 */
-    size_t stat_elem;
     /* activations for the current (B, T); see model_fwd.c */
     int64_t B, T;
     void *act;               /* one arena */

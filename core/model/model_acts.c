@@ -34,7 +34,7 @@ static void layout(const model *m, model_acts *a, planner *p, int64_t N, int64_t
                    int64_t ws)
 {
     int64_t S = 2 * (int64_t)m->n_layers;
-    size_t e = m->elem, se = m->stat_elem, row = (size_t)m->d * e;
+    size_t e = m->elem, se = m->master_elem, row = (size_t)m->d * e;
     a->tokens = take(p, (size_t)N * 4);
     a->targets = take(p, (size_t)N * 4);
     a->h0 = take(p, (size_t)N * row);
@@ -51,7 +51,7 @@ static void layout(const model *m, model_acts *a, planner *p, int64_t N, int64_t
     a->dys = take(p, (size_t)N * row);
     a->logits = take(p, (size_t)(a->chunk * m->vocab) * e);
     a->lse = take(p, (size_t)a->chunk * se);
-    a->row_loss = take(p, (size_t)a->chunk * se);
+    a->row_loss = take(p, (size_t)N * se);
     a->saved = take(p, (size_t)saved);
     a->ws = take(p, (size_t)ws);
     for (int i = 0; i < m->n_layers; i++)

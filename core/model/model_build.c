@@ -385,8 +385,6 @@ int model_declare(model *m, const json_t *doc, registry *reg, const model_option
                          cpu ? "f32, or f64 for tests" : "bf16 or f32");
     m->master_dtype = opt->dtype == K3RT_BF16 ? K3RT_F32 : opt->dtype;
     m->master_elem = k3rt_dtype_size(m->master_dtype);
-    m->stat_dtype = m->master_dtype;
-    m->stat_elem = m->master_elem;
     int rc = read_scalars(m, doc, err);
     if (!rc)
         rc = create_layers(m, doc, reg, err);

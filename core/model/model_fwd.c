@@ -72,7 +72,7 @@ static int sum_rows(model *m, const void *x, int64_t n, double *sum, k3rt_error 
     double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
     if (!v)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
-    int rc = to_host(m, x, m->stat_dtype, n, v, err);
+    int rc = to_host(m, x, m->master_dtype, n, v, err);
     double s = 0;
     for (int64_t i = 0; !rc && i < n; i++)
         s += v[i];
@@ -188,7 +188,7 @@ static int forward_body(model *m, const int32_t *tokens, int training, double au
     m->aux_loss = 0;
     for (int s = 0; s < 2 * m->n_layers; s++) {
         void *hs = model_sub(m, a->hs, s);
-        void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->stat_elem;
+        void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->master_elem;
         K3RT_TRY(residual_call(m, rv->mix, s, hs, 0, err));
         K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, hs, m->params[model_sub_norm(m, s)].param.data, a->xn,
                                   rstd, N, m->d, m->norm_eps, err));
@@ -221,9 +221,9 @@ static int head_and_loss(model *m, const int32_t *targets, double grad_scale, do
         void *hn = model_row(m, a->hn, r0);
         K3RT_TRY(k3rt_linear_fwd(st, dt, hn, head->param.data, NULL, a->logits, rows, m->d, V,
                                  err));
-        K3RT_TRY(k3rt_xent_fwd(st, dt, a->logits, a->targets + r0, a->row_loss, a->lse, rows, V,
+        void *row_loss = (char *)a->row_loss + r0 * (int64_t)m->master_elem;
+        K3RT_TRY(k3rt_xent_fwd(st, dt, a->logits, a->targets + r0, row_loss, a->lse, rows, V,
                                err));
-        K3RT_TRY(sum_rows(m, a->row_loss, rows, &total, err));
         if (grad_scale == 0.0)
             continue;
         K3RT_TRY(k3rt_xent_bwd(st, dt, a->logits, a->targets + r0, a->lse, grad_scale,
@@ -232,6 +232,7 @@ static int head_and_loss(model *m, const int32_t *targets, double grad_scale, do
                                  model_row(m, a->dhn, r0), head->grad.data, NULL, rows, m->d, V,
                                  0, err));
     }
+    K3RT_TRY(sum_rows(m, a->row_loss, N, &total, err));
     *loss_sum = total;
     if (count)
         *count = valid;
@@ -251,7 +252,7 @@ static int backward_body(model *m, k3rt_error *err)
     K3RT_TRY(residual_call(m, rv->finish_backward, 2 * m->n_layers, a->dh, 1, err));
     for (int s = 2 * m->n_layers - 1; s >= 0; s--) {
         void *hs = model_sub(m, a->hs, s);
-        void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->stat_elem;
+        void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->master_elem;
         const param_slot *g = &m->params[model_sub_norm(m, s)];
         K3RT_TRY(residual_call(m, rv->push_backward, s, a->dys, 1, err));
         /* The normed input is cheaper to recompute than to keep for every sublayer. */

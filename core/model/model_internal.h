@@ -9,11 +9,13 @@ typedef struct model_acts {
     int32_t *tokens, *targets;    /* [N] (device) */
     void *h0;                     /* [N, d] embedding output */
     void *hs;                     /* [S, N, d] each sublayer's residual input (pre-norm) */
-    void *rstd;                   /* [S, N] its RMSNorm statistics (stat dtype) */
+    void *rstd;                   /* [S, N] its RMSNorm statistics (master dtype) */
     void *xn, *ys;                /* [N, d] normed sublayer input, sublayer output */
     void *hf, *hn, *rstd_f;       /* final hidden, its norm, statistics */
     void *dhn, *dh, *dxn, *dys;   /* gradients [N, d] */
-    void *logits, *lse, *row_loss;/* one head chunk: [chunk, V], then [chunk] (stat dtype) */
+    void *logits, *lse;           /* one head chunk: [chunk, V], [chunk] (master dtype) */
+    void *row_loss;               /* [N] (master dtype): summed once per micro-batch, so a GPU
+                                     run waits for the host once, not once per chunk */
     int64_t chunk;
     void *saved;                  /* the modules' saved regions, back to back */
     void *ws;                     /* one workspace, the largest any module asks for */

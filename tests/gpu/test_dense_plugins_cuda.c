@@ -22,35 +22,16 @@
 enum { DEV = 0 };       /* the CUDA device under test */
 static k3rt_stream *G;  /* CUDA stream on DEV */
 static k3rt_stream *H;  /* CPU stream of the reference */
-static registry g_reg[3];  /* one per plugin: an entry's address stays put */
 static uint64_t seed_next;  /* of the next random array; reset per case by seed_case */
 
 /* From the first directory of K3RT_PLUGIN_PATH (set by ctest and by the GPU machine's runner,
  * where the build tree may sit elsewhere than where it was built), else the build tree's. */
 static const plugin_entry *plugin(const char *name)
 {
-    static const plugin_entry *cache[3];
-    static const char *names[3] = {"dense_glu", "standard", "adamw"};
-    for (int i = 0; i < 3; i++) {
-        if (strcmp(name, names[i]))
-            continue;
-        if (!cache[i]) {
-            char path[1024];
-            k3rt_error err = {0};
-            const char *env = getenv("K3RT_PLUGIN_PATH");
-            if (env && *env)
-                snprintf(path, sizeof path, "%.*s/libk3rt_%s.so", (int)strcspn(env, ":"), env,
-                         name);
-            else
-                snprintf(path, sizeof path, "%s/libk3rt_%s.so", K3RT_PLUGIN_DIR, name);
-            TU_OK(registry_load_file(&g_reg[i], path, &cache[i], &err), err);
-            ck_assert_msg(cache[i]->desc.caps & K3RT_CAP_CUDA,
-                          "%s does not declare K3RT_CAP_CUDA in this CUDA build", name);
-        }
-        return cache[i];
-    }
-    ck_abort_msg("unknown plugin %s", name);
-    return NULL;
+    const plugin_entry *e = tu_plugin(name);
+    ck_assert_msg(e->desc.caps & K3RT_CAP_CUDA, "%s does not declare K3RT_CAP_CUDA in this CUDA "
+                  "build", name);
+    return e;
 }
 
 /* ---- host values and device buffers ------------------------------------------------------- */
@@ -1019,8 +1000,6 @@ int main(void)
 {
     H = tu_cpu_stream(2);
     int rc = tu_run_gpu_suite(suite, &G);
-    for (int i = 0; i < 3; i++)
-        registry_free(&g_reg[i]);
     k3rt_stream_destroy(H);
     return rc;
 }

@@ -372,24 +372,7 @@ typedef struct pcfg {
     int64_t d, B, T;
 } pcfg;
 
-static const plugin_entry *load_mla(void)
-{
-    static registry reg;
-    static const plugin_entry *e;
-    if (e)
-        return e;
-    char path[1024];
-    const char *env = getenv("K3RT_PLUGIN_PATH");
-    if (env && *env) {
-        size_t len = strcspn(env, ":");
-        snprintf(path, sizeof path, "%.*s/libk3rt_mla.so", (int)len, env);
-    } else {
-        snprintf(path, sizeof path, "%s/libk3rt_mla.so", K3RT_PLUGIN_DIR);
-    }
-    k3rt_error err = {0};
-    TU_OK(registry_load_file(&reg, path, &e, &err), err);
-    return e;
-}
+static const plugin_entry *load_mla(void) { return tu_plugin("mla"); }
 
 static json_t *pcfg_json(const pcfg *c)
 {

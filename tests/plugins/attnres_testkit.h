@@ -18,18 +18,7 @@
 #define MAX_S 200
 
 
-static inline const plugin_entry *plugin(void)
-{
-    static registry reg;
-    static const plugin_entry *e;
-    if (!e) {
-        k3rt_error err = {0};
-        TU_OK(registry_init(&reg, NULL, &err), err);
-        TU_OK(registry_load_file(&reg, K3RT_PLUGIN_DIR "/libk3rt_block_attnres.so", &e,
-                                 &err), err);
-    }
-    return e;
-}
+static inline const plugin_entry *plugin(void) { return tu_plugin("block_attnres"); }
 
 /* ---- harness: one instance with its parameters, saved and workspace ------------------------ */
 

@@ -176,18 +176,7 @@ static inline double kt_core_fd(kt_core *c, int alg, double *x, const double *gr
 
 /* ---- the layer through the built plugin ---------------------------------------------------- */
 
-static registry kt_reg;
-
-static inline const plugin_entry *kt_plugin(void)
-{
-    static const plugin_entry *e;
-    if (!e) {
-        k3rt_error err;
-        memset(&kt_reg, 0, sizeof kt_reg);
-        TU_OK(registry_load_file(&kt_reg, K3RT_PLUGIN_DIR "/libk3rt_kda.so", &e, &err), err);
-    }
-    return e;
-}
+static inline const plugin_entry *kt_plugin(void) { return tu_plugin("kda"); }
 
 /* One f64 layer instance with parameters initialised as declared (plus jitter on constants). */
 typedef struct kt_layer {

@@ -15,19 +15,7 @@
 
 enum { MH_MAX_PARAMS = 10 };
 
-static registry mh_reg;
-
-static const plugin_entry *mh_plugin(void)
-{
-    static const plugin_entry *e;
-    if (!e) {
-        k3rt_error err = {0};
-        TU_OK(registry_init(&mh_reg, NULL, &err), err);
-        TU_OK(registry_load_file(&mh_reg, K3RT_PLUGIN_DIR "/libk3rt_latent_moe.so", &e, &err),
-              err);
-    }
-    return e;
-}
+static const plugin_entry *mh_plugin(void) { return tu_plugin("latent_moe"); }
 
 typedef struct moe_h {
     module m;

@@ -15,18 +15,7 @@
 
 /* ---- the plugin and a harness over a list of parameters ---------------------------------- */
 
-static inline const plugin_entry *mt_plugin(void)
-{
-    static registry reg;
-    static const plugin_entry *e;
-    if (!e) {
-        k3rt_error err = {0};
-        TU_OK(registry_init(&reg, NULL, &err), err);
-        TU_OK(registry_load_file(&reg, K3RT_PLUGIN_DIR "/libk3rt_per_head_muon.so", &e, &err),
-              err);
-    }
-    return e;
-}
+static inline const plugin_entry *mt_plugin(void) { return tu_plugin("per_head_muon"); }
 
 typedef struct mt_spec {
     const char *name;

@@ -10,18 +10,7 @@
 #include "plugin/registry.h"
 #include "plugin/sinks.h"
 
-static registry g_reg;
-
-static const plugin_entry *plugin(void)
-{
-    static const plugin_entry *e;
-    if (!e) {
-        k3rt_error err = {0};
-        TU_OK(registry_init(&g_reg, NULL, &err), err);
-        TU_OK(registry_load_file(&g_reg, K3RT_PLUGIN_DIR "/libk3rt_adamw.so", &e, &err), err);
-    }
-    return e;
-}
+static const plugin_entry *plugin(void) { return tu_plugin("adamw"); }
 
 /* A decayed matrix, a norm gain, an embedding marked no-decay and a router. */
 enum { NP = 4 };

@@ -10,19 +10,7 @@
 #include "plugin/fdcheck.h"
 #include "plugin/registry.h"
 
-static registry g_reg;
-
-static const plugin_entry *plugin(void)
-{
-    static const plugin_entry *e;
-    if (!e) {
-        k3rt_error err = {0};
-        TU_OK(registry_init(&g_reg, NULL, &err), err);
-        TU_OK(registry_load_file(&g_reg, K3RT_PLUGIN_DIR "/libk3rt_dense_glu.so", &e, &err),
-              err);
-    }
-    return e;
-}
+static const plugin_entry *plugin(void) { return tu_plugin("dense_glu"); }
 
 /* ---- one instance with its parameters and buffers ---------------------------------------- */
 

@@ -44,14 +44,7 @@ static const mcfg variants[] = {
 };
 #define N_VARIANTS ((int)(sizeof variants / sizeof variants[0]))
 
-static const plugin_entry *load_mla(void)
-{
-    static registry reg;
-    const plugin_entry *e = NULL;
-    k3rt_error err = {0};
-    TU_OK(registry_load_file(&reg, K3RT_PLUGIN_DIR "/libk3rt_mla.so", &e, &err), err);
-    return e;
-}
+static const plugin_entry *load_mla(void) { return tu_plugin("mla"); }
 
 /* ---- a live instance with host parameters and buffers --------------------------------------- */
 

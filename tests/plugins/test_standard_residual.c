@@ -12,19 +12,7 @@
 
 enum { B = 2, T = 3, D = 8, LAYERS = 2, S = 2 * LAYERS, N = B * T * D };
 
-static registry g_reg;
-
-static const plugin_entry *plugin(void)
-{
-    static const plugin_entry *e;
-    if (!e) {
-        k3rt_error err = {0};
-        TU_OK(registry_init(&g_reg, NULL, &err), err);
-        TU_OK(registry_load_file(&g_reg, K3RT_PLUGIN_DIR "/libk3rt_standard.so", &e, &err),
-              err);
-    }
-    return e;
-}
+static const plugin_entry *plugin(void) { return tu_plugin("standard"); }
 
 typedef struct harness {
     module m;

@@ -225,3 +225,27 @@ int tu_dense_plugins_have_cuda(void)
     registry_free(&reg);
     return ok;
 }
+
+const plugin_entry *tu_plugin(const char *name)
+{
+    /* One registry per plugin: a registry's entries move when it grows. */
+    enum { MAX = 16 };
+    static registry regs[MAX];
+    static const plugin_entry *loaded[MAX];
+    static char names[MAX][64];
+    int i = 0;
+    for (; i < MAX && loaded[i]; i++)
+        if (!strcmp(names[i], name))
+            return loaded[i];
+    ck_assert_msg(i < MAX, "tu_plugin: more than %d plugins", MAX);
+    char path[1024];
+    const char *env = getenv("K3RT_PLUGIN_PATH");
+    if (env && *env)
+        snprintf(path, sizeof path, "%.*s/libk3rt_%s.so", (int)strcspn(env, ":"), env, name);
+    else
+        snprintf(path, sizeof path, "%s/libk3rt_%s.so", K3RT_PLUGIN_DIR, name);
+    k3rt_error err = {0};
+    TU_OK(registry_load_file(&regs[i], path, &loaded[i], &err), err);
+    snprintf(names[i], sizeof names[i], "%s", name);
+    return loaded[i];
+}

@@ -8,6 +8,8 @@
 
 #include <k3rt/k3rt.h>
 
+#include "plugin/registry.h"
+
 /* Fails the test with the k3rt error message when rc != K3RT_OK. */
 #define TU_OK(rc, err) \
     ck_assert_msg((rc) == K3RT_OK, "%s:%d: status %d: %s", __FILE__, __LINE__, (rc), (err).msg)
@@ -37,6 +39,10 @@ k3rt_stream *tu_cpu_stream(int threads);
 int tu_metrics_losses(const char *out, double *loss, int max);
 /* Largest relative rms difference between same-named f32 tensors of two safetensors files. */
 double tu_safetensors_max_rel_diff(const char *file_a, const char *file_b);
+/* The plugin libk3rt_<name>.so of this build, loaded once per process: from the first folder
+ * of K3RT_PLUGIN_PATH when set (the GPU machine's carried build), else the build tree. Fails the
+ * test when it does not load. */
+const plugin_entry *tu_plugin(const char *name);
 /* Whether every plugin of the recipe tiny_dense.lua (mla, dense_glu, standard, adamw) has a
  * CUDA path in this build; prints the first that has none. Usable outside a running test. */
 int tu_dense_plugins_have_cuda(void);
