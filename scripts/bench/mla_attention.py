@@ -11,7 +11,8 @@ PyTorch is timed with its default backend choice and with each backend it offers
 cuDNN, memory-efficient); where the value width differs from the query/key width (MLA's 192/128)
 flash cannot run, so it is also timed with V zero-padded to the query width (the usual way MLA
 runs on flash attention; its FLOPs are counted at the true widths). The ratio is k3rt's TFLOP/s
-over the fastest PyTorch variant.
+over the fastest PyTorch variant. k3rt runs each shape with its own kernels and with cuDNN's
+fused attention (its "cudnn" path), where the driver finds cuDNN usable.
 
 FLOPs, causal: forward 2 B H T^2 (dqk + dv) / 2; backward 2.5x the forward. k3rt's backward is
 timed in both modes: the default (dQ summed with atomics) and deterministic ("determ.").
@@ -121,20 +122,27 @@ def main():
     rows = [parse_line(l) for l in proc.stdout.splitlines() if l.startswith("op=")]
 
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    for r in rows:
-        r["torch"] = time_torch(r, a.runs, a.warmup)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
+          f"cuDNN {torch.backends.cudnn.version()}")
+    shape_of = lambda r: (r["B"], r["T"], r["H"], r["dqk"], r["dv"])
+    timed = {}
+    for r in rows:  # the driver prints one row per shape and kernel: time torch once per shape
+        if shape_of(r) not in timed:
+            timed[shape_of(r)] = time_torch(r, a.runs, a.warmup)
+        r["torch"] = timed[shape_of(r)]
 
     def tf(flops, ms):
         return flops / (ms * 1e-3) / 1e12
 
     print("\nTFLOP/s (causal; fwd 2BHT^2(dqk+dv)/2, bwd 2.5x fwd); ratio = k3rt / fastest torch")
-    head = f"{'shape B,T,H,dqk/dv':<24} {'who':<26} {'fwd ms':>8} {'f+b ms':>8} " \
+    head = f"{'shape B,T,H,dqk/dv':<24} {'who':<38} {'fwd ms':>8} {'f+b ms':>8} " \
            f"{'fwd TF':>7} {'f+b TF':>7} {'ratio':>6}"
     print(head)
     print("-" * len(head))
-    for r in rows:
+    for i, r in enumerate(rows):
         shape = f"{r['B']},{r['T']},{r['H']},{r['dqk']}/{r['dv']}"
+        last_of_shape = i + 1 == len(rows) or shape_of(rows[i + 1]) != shape_of(r)
+        first_of_shape = i == 0 or shape_of(rows[i - 1]) != shape_of(r)
         ff, fb = r["fwd_flops"], r["fwd_flops"] + r["bwd_flops"]
         best = None
         for label, t in r["torch"].items():
@@ -142,21 +150,25 @@ def main():
                 best = (label, t)
         r["best_torch"] = best[0] if best else None
         # The default (non-deterministic) backward, then the deterministic one.
-        for key, label, name in (("fwdbwd_ms", "", shape),
-                                 ("fwdbwd_det_ms", " determ.", "")):
-            if key not in r:
+        for key, label, name, bwd in (("fwdbwd_ms", "", shape if first_of_shape else "",
+                                       "bwd_path"),
+                                      ("fwdbwd_det_ms", " determ.", "", "bwd_det_path")):
+            # auto's deterministic run is k3rt's own (cuDNN's backward is not deterministic)
+            if key not in r or (label and r.get("kernel") == "auto"):
                 continue
             k_tf = tf(fb, r[key])
             ratio = k_tf / tf(fb, best[1]["fwdbwd_ms"]) if best else float("nan")
             r["ratio_vs_best_torch" + ("_det" if label else "")] = ratio
-            who = "k3rt " + r["path"] + label
-            print(f"{name:<24} {who:<26} {r['fwd_ms']:8.3f} {r[key]:8.3f} "
+            paths = r["path"] if r.get(bwd, r["path"]) == r["path"] else \
+                f"{r['path']}/{r[bwd]}"
+            who = f"k3rt[{r.get('kernel', '')}] {paths}{label}"
+            print(f"{name:<24} {who:<38} {r['fwd_ms']:8.3f} {r[key]:8.3f} "
                   f"{tf(ff, r['fwd_ms']):7.1f} {k_tf:7.1f} {ratio:6.2f}")
-        for label, t in r["torch"].items():
+        for label, t in (r["torch"].items() if last_of_shape else ()):
             if "error" in t:
-                print(f"{'':<24} {'torch ' + label:<26} {t['error']}")
+                print(f"{'':<24} {'torch ' + label:<38} {t['error']}")
             else:
-                print(f"{'':<24} {'torch ' + label:<26} {t['fwd_ms']:8.3f} {t['fwdbwd_ms']:8.3f} "
+                print(f"{'':<24} {'torch ' + label:<38} {t['fwd_ms']:8.3f} {t['fwdbwd_ms']:8.3f} "
                       f"{tf(ff, t['fwd_ms']):7.1f} {tf(fb, t['fwdbwd_ms']):7.1f}")
     if a.json:
         with open(a.json, "w") as f:

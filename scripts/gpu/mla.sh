@@ -17,7 +17,9 @@
 # on one launch of each tensor-core kernel at B=2, T=4096, H=8, 192/128) picks the steps;
 # K3RT_BENCH_RUNS (default 20) the timed runs per measurement; K3RT_MLA_SHAPES (e.g.
 # "8,4096,8,192,128 8,4096,16,128,128") the bench shapes instead of its defaults;
-# K3RT_MLA_RACECHECK_S (default 150) racecheck's time limit in seconds (memcheck's is 60).
+# K3RT_MLA_MEMCHECK_S (default 150) and K3RT_MLA_RACECHECK_S (default 200) the sanitizers' time
+# limits in seconds; K3RT_CUDNN_LIBRARY the libcudnn.so.9 the plugin loads (default: the
+# system's), e.g. PyTorch's copy for a comparison at the same cuDNN version.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-${K3RT_BUILD:-$ROOT/build-mla}}
@@ -46,14 +48,14 @@ test_rc=- bench_rc=- mem_rc=- race_rc=-
 
 if want test; then
     echo "== $(date -u +%T) test: $TEST (log: $LOGS/test_mla_cuda.log)"
-    LD_LIBRARY_PATH=$LIBPATH timeout 60 "$TEST" > "$LOGS/test_mla_cuda.log" 2>&1
+    LD_LIBRARY_PATH=$LIBPATH timeout 150 "$TEST" > "$LOGS/test_mla_cuda.log" 2>&1
     test_rc=$?
 fi
 if want bench; then
     echo "== $(date -u +%T) bench (log: $LOGS/bench_mla.log)"
     shapes=()
     for s in ${K3RT_MLA_SHAPES:-}; do shapes+=(--shape "$s"); done
-    timeout 90 python3 "$ROOT/scripts/bench/mla_attention.py" --bench "$BENCH" \
+    timeout 240 python3 "$ROOT/scripts/bench/mla_attention.py" --bench "$BENCH" \
         --runs "${K3RT_BENCH_RUNS:-20}" --json "$LOGS/mla_attention.json" \
         ${shapes[@]+"${shapes[@]}"} \
         > "$LOGS/bench_mla.log" 2>&1
@@ -81,7 +83,7 @@ for tool in memcheck racecheck; do
     want $tool || continue
     echo "== $(date -u +%T) compute-sanitizer $tool, small shapes (log: $LOGS/$tool.log)"
     pick=(); [ $tool = racecheck ] && pick=(CK_RUN_CASE=core)
-    limit=60; [ $tool = racecheck ] && limit=${K3RT_MLA_RACECHECK_S:-150}
+    limit=${K3RT_MLA_MEMCHECK_S:-150}; [ $tool = racecheck ] && limit=${K3RT_MLA_RACECHECK_S:-200}
     lines=(); command -v stdbuf > /dev/null && lines=(stdbuf -oL)  # progress survives a timeout
     env LD_LIBRARY_PATH="$LIBPATH" K3RT_MLA_TEST_SMALL=1 ${pick[@]+"${pick[@]}"} timeout $limit \
         ${lines[@]+"${lines[@]}"} compute-sanitizer --tool $tool --error-exitcode 9 "$TEST" \
@@ -103,6 +105,11 @@ for tool in memcheck racecheck; do
     [ "$rc" = - ] && continue
     echo "$tool: exit $rc (0 clean, 9 errors found, 124 timed out)"
     grep -m3 -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard" "$LOGS/$tool.log"
+    # cuDNN's wgmma kernels synchronise through asynchronous barriers racecheck does not model:
+    # count apart what it reports in them and in k3rt's own kernels.
+    [ $tool = racecheck ] && echo "races reported in cuDNN's kernels:" \
+        "$(grep "Race reported" "$LOGS/$tool.log" | grep -c cudnn_generated)," \
+        "in k3rt's: $(grep "Race reported" "$LOGS/$tool.log" | grep -vc cudnn_generated)"
     grep -E "^[0-9]+%: Checks" "$LOGS/$tool.log"
 done
 if [ -e "$LOGS/ncu_metrics.log" ]; then

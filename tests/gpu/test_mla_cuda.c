@@ -1,14 +1,19 @@
 /* The mla plugin on CUDA against the CPU.
  *  (a) The attention core (plugins/attention/mla/mla_cuda.h), forward and backward, against a
  *      direct float64 computation on the values the device holds: o, lse, the per-block max
- *      logits, dq, dk, dv; ragged T, several heads and batches; both kernel families (tensor
- *      cores for bf16 at MLA's widths, fp32 arithmetic otherwise). The backward runs in both
- *      modes: deterministic (two passes on the tensor cores; must give the same bits twice)
- *      and not (one pass, dQ summed with float atomics into a poisoned f32 accumulator).
+ *      logits, dq, dk, dv; ragged T, several heads and batches; both of k3rt's kernel families
+ *      (tensor cores for bf16 at MLA's widths, fp32 arithmetic otherwise). The backward runs in
+ *      both modes: deterministic (two passes on the tensor cores; must give the same bits
+ *      twice) and not (one pass, dQ summed with float atomics into a poisoned f32
+ *      accumulator). Where T is a multiple of 128, bf16 also runs with cuDNN's fused attention
+ *      (kernel "cudnn": its forward and backward; "auto" with the max logits asked for: k3rt's
+ *      forward, cuDNN's backward), skipped when cuDNN is not usable unless
+ *      K3RT_REQUIRE_CUDNN=1.
  *  (b) The whole plugin, forward and backward, on CUDA against the same plugin on the CPU: y,
  *      dx, the increment of every parameter gradient (they accumulate onto random values) and
  *      the per-head max logits. f32 runs against the CPU in f64; bf16 runs against the CPU in
- *      f32 on the bf16-rounded inputs and weights; bf16 at MLA's widths in both backward modes.
+ *      f32 on the bf16-rounded inputs and weights; bf16 at MLA's widths in both backward modes,
+ *      and at T = 128 with cuda_kernel "cudnn" (report_max_logit off: no statistic at all).
  * Outputs, saved activations and workspaces are poisoned (NaN bytes) before each run; the error
  * is rms(ref - x) / rms(ref), <= 1e-5 for f32 and <= 1e-2 for bf16.
  *
@@ -226,7 +231,8 @@ static void *bytes_of(const void *d, size_t n)
     return h;
 }
 
-static void core_case(int dtype, const ashape *s, double scale, int check_determinism)
+static void core_case(int dtype, const ashape *s, double scale, int check_determinism,
+                      int kernel)
 {
     k3rt_error err = {0};
     char ctx[160], mctx[200];
@@ -237,20 +243,28 @@ static void core_case(int dtype, const ashape *s, double scale, int check_determ
     mla_attn a;
     memset(&a, 0, sizeof a);
     a.dtype = dtype, a.B = s->B, a.T = s->T, a.H = s->H, a.dqk = s->dqk, a.dv = s->dv;
-    a.scale = scale;
+    a.scale = scale, a.kernel = kernel;
     a.q = upload(q, nq, dtype), a.k = upload(k, nq, dtype), a.v = upload(v, nv, dtype);
     a.dout = upload(dout, nv, dtype);
     a.o = dalloc((size_t)nv * es), a.lse = dalloc((size_t)nr * 4);
-    a.block_max = dalloc((size_t)nb * 4);
+    /* cuDNN's forward reports no max logits: asked for none. */
+    a.block_max = kernel == MLA_KERNEL_CUDNN ? NULL : dalloc((size_t)nb * 4);
     a.dq = dalloc((size_t)nq * es), a.dk = dalloc((size_t)nq * es);
     a.dv_out = dalloc((size_t)nv * es), a.drow = dalloc((size_t)nr * 4);
     a.dq_acc = dalloc((size_t)nq * 4);
     snprintf(ctx, sizeof ctx, "attention %s B=%lld T=%lld H=%lld dqk=%lld dv=%lld (%s)",
              k3rt_dtype_name(dtype), (long long)s->B, (long long)s->T, (long long)s->H,
-             (long long)s->dqk, (long long)s->dv, mla_attn_path(&a));
-    if (dtype == K3RT_BF16 && s->dv == 128 && (s->dqk == 192 || s->dqk == 128))
-        ck_assert_msg(!strcmp(mla_attn_path(&a), "tensor-core"), "%s: expected the tensor-core "
-                      "kernels", ctx);
+             (long long)s->dqk, (long long)s->dv, mla_attn_path(&a, 0));
+    /* The forward: cuDNN's when asked; k3rt's tensor cores at MLA's widths otherwise (auto
+     * included: the max logits are asked for). The backward: cuDNN's under auto too. */
+    int tc = dtype == K3RT_BF16 && s->dv == 128 && (s->dqk == 192 || s->dqk == 128);
+    const char *want = kernel == MLA_KERNEL_CUDNN ? "cudnn" : tc ? "tensor-core" : NULL;
+    if (want)
+        ck_assert_msg(!strcmp(mla_attn_path(&a, 0), want), "%s: expected the %s kernels", ctx,
+                      want);
+    if (kernel != MLA_KERNEL_K3RT)
+        ck_assert_msg(!strcmp(mla_attn_path(&a, 1), "cudnn"), "%s: expected cuDNN's backward",
+                      ctx);
 
     double *ro = malloc((size_t)nv * 8), *rl = malloc((size_t)nr * 8), *rb = malloc((size_t)nb * 8);
     double *rdq = malloc((size_t)nq * 8), *rdk = malloc((size_t)nq * 8);
@@ -258,23 +272,28 @@ static void core_case(int dtype, const ashape *s, double scale, int check_determ
     ref_attention(s, scale, q, k, v, dout, ro, rl, rb, rdq, rdk, rdv);
 
     poison(a.o, (size_t)nv * es), poison(a.lse, (size_t)nr * 4);
-    poison(a.block_max, (size_t)nb * 4);
+    if (a.block_max)
+        poison(a.block_max, (size_t)nb * 4);
     TU_OK(mla_attn_fwd_cuda(k3rt_stream_native(G), &a, &err), err);
     TU_OK(k3rt_stream_sync(G, &err), err);
     double tol = tol_of(dtype);
     double *go = download(a.o, nv, dtype), *gl = download(a.lse, nr, K3RT_F32);
-    double *gb = download(a.block_max, nb, K3RT_F32);
+    double *gb = a.block_max ? download(a.block_max, nb, K3RT_F32) : NULL;
     double eo = expect_close("o", ctx, ro, go, nv, tol);
     double el = expect_log_close("lse", ctx, rl, gl, nr, tol);
-    double eb = expect_log_close("block max", ctx, rb, gb, nb, tol);
-    printf("%s: o %.2e lse %.2e bmax %.2e\n", ctx, eo, el, eb);
+    double eb = gb ? expect_log_close("block max", ctx, rb, gb, nb, tol) : NAN;
+    if (gb)
+        printf("%s: o %.2e lse %.2e bmax %.2e\n", ctx, eo, el, eb);
+    else
+        printf("%s: o %.2e lse %.2e (no block max asked for)\n", ctx, eo, el);
 
     void *outs[3] = {a.dq, a.dk, a.dv_out};
     const char *names[3] = {"dq", "dk", "dv"};
     size_t sizes[3] = {(size_t)nq * es, (size_t)nq * es, (size_t)nv * es};
     for (int det = 1; det >= 0; det--) {
-        snprintf(mctx, sizeof mctx, "%s %s", ctx, det ? "deterministic" : "atomic dQ");
         a.deterministic = det;
+        snprintf(mctx, sizeof mctx, "%s %s backward (%s)", ctx,
+                 det ? "deterministic" : "atomic dQ", mla_attn_path(&a, 1));
         for (int i = 0; i < 3; i++)
             poison(outs[i], sizes[i]);
         poison(a.drow, (size_t)nr * 4), poison(a.dq_acc, (size_t)nq * 4);
@@ -312,25 +331,52 @@ static void core_case(int dtype, const ashape *s, double scale, int check_determ
         k3rt_free(0, bufs[i]);
 }
 
+/* Whether cuDNN's fused attention can run here (the library loads); K3RT_REQUIRE_CUDNN=1 makes
+ * its absence a failure instead of a skip of the cuDNN cases. */
+static int cudnn_usable(void)
+{
+    mla_attn a;
+    memset(&a, 0, sizeof a);
+    a.dtype = K3RT_BF16, a.B = 1, a.T = 128, a.H = 1, a.dqk = 192, a.dv = 128, a.scale = 1;
+    int ok = !strcmp(mla_attn_path(&a, 0), "cudnn");
+    const char *req = getenv("K3RT_REQUIRE_CUDNN");
+    ck_assert_msg(ok || !req || strcmp(req, "1"), "K3RT_REQUIRE_CUDNN=1 but cuDNN's fused "
+                  "attention is not usable here (libcudnn.so.9 not loadable, or a build "
+                  "without cuDNN's headers)");
+    if (!ok)
+        printf("cuDNN's fused attention is not usable here: its cases are skipped\n");
+    return ok;
+}
+
 START_TEST(attention_core_vs_cpu)
 {
+    /* T a multiple of 128 also runs cuDNN's fused attention (bf16). */
     const ashape shapes[] = {
         {1, 1, 1, 192, 128},  {2, 77, 3, 192, 128}, {1, 300, 2, 192, 128}, {2, 130, 2, 128, 128},
         {1, 64, 2, 128, 128}, {2, 45, 3, 48, 32},   {1, 33, 2, 7, 5},      {1, 1000, 1, 192, 128},
+        {2, 128, 3, 192, 128}, {1, 256, 2, 128, 128}, {2, 384, 2, 192, 128}, {1, 128, 2, 64, 32},
     };
     const int dtypes[2] = {K3RT_F32, K3RT_BF16};
+    int cudnn = cudnn_usable();
     size_t n = sizeof shapes / sizeof shapes[0];
     for (size_t i = 0; i < n; i++) {
         if (small_only && shapes[i].T > 200)
             continue;
+        double scale = 1 / sqrt((double)shapes[i].dqk);
         for (int d = 0; d < 2; d++)
-            core_case(dtypes[d], &shapes[i], 1 / sqrt((double)shapes[i].dqk),
-                      i == 2 || i == 3 || i == 5);
+            core_case(dtypes[d], &shapes[i], scale, i == 2 || i == 3 || i == 5,
+                      MLA_KERNEL_K3RT);
+        if (cudnn && shapes[i].T % 128 == 0) {
+            core_case(K3RT_BF16, &shapes[i], scale, 0, MLA_KERNEL_CUDNN);
+            core_case(K3RT_BF16, &shapes[i], scale, 0, MLA_KERNEL_AUTO);
+        }
     }
     /* A scale far from 1/sqrt(d): large logits. */
-    const ashape big = {1, 100, 2, 192, 128};
-    core_case(K3RT_BF16, &big, 0.3, 0);
-    core_case(K3RT_F32, &big, 0.3, 0);
+    const ashape big = {1, 100, 2, 192, 128}, big128 = {1, 128, 2, 192, 128};
+    core_case(K3RT_BF16, &big, 0.3, 0, MLA_KERNEL_K3RT);
+    core_case(K3RT_F32, &big, 0.3, 0, MLA_KERNEL_K3RT);
+    if (cudnn)
+        core_case(K3RT_BF16, &big128, 0.3, 0, MLA_KERNEL_CUDNN);
     expect_no_failures();
 }
 END_TEST
@@ -357,9 +403,19 @@ START_TEST(attention_core_refuses)
     /* The non-deterministic tensor-core backward without its f32 dQ accumulator. */
     a.dtype = K3RT_BF16, a.dqk = 192, a.dv = 128;
     a.dout = a.dq = a.dk = a.dv_out = buf, a.drow = buf;
-    ck_assert_str_eq(mla_attn_path(&a), "tensor-core");
+    ck_assert_str_eq(mla_attn_path(&a, 1), "tensor-core");
     ck_assert_int_ne(mla_attn_bwd_cuda(k3rt_stream_native(G), &a, &err), 0);
     ck_assert_ptr_nonnull(strstr(err.msg, "dq_acc"));
+    /* cuDNN asked for where it cannot run: f32, T not a multiple of 128, the max logits. */
+    a.kernel = MLA_KERNEL_CUDNN, a.dtype = K3RT_F32;
+    ck_assert_int_ne(mla_attn_fwd_cuda(k3rt_stream_native(G), &a, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "cudnn"));
+    a.dtype = K3RT_BF16, a.T = 100;
+    ck_assert_int_ne(mla_attn_fwd_cuda(k3rt_stream_native(G), &a, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "multiple of 128"));
+    a.T = 128, a.block_max = buf;
+    ck_assert_int_ne(mla_attn_fwd_cuda(k3rt_stream_native(G), &a, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "report_max_logit"));
     k3rt_free(0, buf);
 }
 END_TEST
@@ -370,16 +426,22 @@ END_TEST
 typedef struct pcfg {
     int H, rq, dc, dn, dr, dv, gate;
     int64_t d, B, T;
+    const char *kernel; /* the plugin's cuda_kernel for bf16 runs; NULL: the default (auto) */
 } pcfg;
 
 static const plugin_entry *load_mla(void) { return tu_plugin("mla"); }
 
-static json_t *pcfg_json(const pcfg *c)
+static json_t *pcfg_json(const pcfg *c, int dtype)
 {
     json_t *j = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:f}", "heads", c->H, "q_rank",
                           c->rq, "kv_rank", c->dc, "qk_nope_dim", c->dn, "qk_shared_dim", c->dr,
                           "v_dim", c->dv, "output_gate", c->gate, "init_std", 0.15);
     ck_assert_ptr_nonnull(j);
+    if (c->kernel && dtype == K3RT_BF16) {
+        json_object_set_new(j, "cuda_kernel", json_string(c->kernel));
+        /* cuDNN's forward cannot report them. */
+        json_object_set_new(j, "report_max_logit", json_boolean(strcmp(c->kernel, "cudnn")));
+    }
     return j;
 }
 
@@ -391,7 +453,7 @@ static void make_module(module *m, const pcfg *c, int dtype, int device, k3rt_st
     a.struct_size = sizeof a;
     a.dtype = dtype, a.device = device, a.d_model = c->d, a.vocab = 32, a.n_layers = 1;
     a.stream = s, a.seed = 5;
-    json_t *j = pcfg_json(c);
+    json_t *j = pcfg_json(c, dtype);
     TU_OK(module_create(m, load_mla(), j, &a, "test", &err), err);
     json_decref(j);
 }
@@ -480,8 +542,9 @@ static void plugin_case(int dtype, const pcfg *c, int det)
     k3rt_error err = {0};
     char ctx[220];
     snprintf(ctx, sizeof ctx, "plugin %s H=%d rq=%d dc=%d dn=%d dr=%d dv=%d gate=%d d=%lld "
-             "B=%lld T=%lld deterministic=%d", k3rt_dtype_name(dtype), c->H, c->rq, c->dc, c->dn,
-             c->dr, c->dv, c->gate, (long long)c->d, (long long)c->B, (long long)c->T, det);
+             "B=%lld T=%lld deterministic=%d kernel=%s", k3rt_dtype_name(dtype), c->H, c->rq, c->dc,
+             c->dn, c->dr, c->dv, c->gate, (long long)c->d, (long long)c->B, (long long)c->T, det,
+             c->kernel && dtype == K3RT_BF16 ? c->kernel : "auto");
     /* The CPU reference: f64 for f32 runs, f32 (on bf16-rounded values) for bf16 runs. */
     int ct = dtype == K3RT_BF16 ? K3RT_F32 : K3RT_F64, gt = dtype == K3RT_BF16 ? K3RT_F32 : dtype;
     module mc, mg;
@@ -543,16 +606,31 @@ static void plugin_case(int dtype, const pcfg *c, int det)
         free(rg), free(dg);
     }
     double *mlc = malloc((size_t)c->H * sizeof *mlc), *mlg = malloc((size_t)c->H * sizeof *mlg);
-    max_logits(&mc, mlc, c->H);
-    max_logits(&mg, mlg, c->H);
-    double em = expect_log_close("per-head max logit", ctx, mlc, mlg, c->H, tol);
-    /* After reset_stats nothing is reported but -inf. */
-    mg.e->inst.reset_stats(mg.self);
-    max_logits(&mg, mlg, c->H);
-    if (!(isinf(mlg[0]) && mlg[0] < 0))
-        record_failure("%s max logit: %g after reset_stats, not -inf", ctx, mlg[0]);
-    printf("%s: worst relative rms %.2e over y, dx and %d gradients; max logit %.2e\n", ctx,
-           worst, np, em);
+    double em = NAN;
+    if (c->kernel && dtype == K3RT_BF16 && !strcmp(c->kernel, "cudnn")) {
+        /* report_max_logit = false: no statistic at all. */
+        k3rt_tensor_sink sink;
+        TU_OK(module_stats(&mg, &sink, &err), err);
+        if (sink.n != 0)
+            record_failure("%s: %d statistics reported under report_max_logit = false", ctx,
+                           sink.n);
+        tensor_sink_free(&sink);
+    } else {
+        max_logits(&mc, mlc, c->H);
+        max_logits(&mg, mlg, c->H);
+        em = expect_log_close("per-head max logit", ctx, mlc, mlg, c->H, tol);
+        /* After reset_stats nothing is reported but -inf. */
+        mg.e->inst.reset_stats(mg.self);
+        max_logits(&mg, mlg, c->H);
+        if (!(isinf(mlg[0]) && mlg[0] < 0))
+            record_failure("%s max logit: %g after reset_stats, not -inf", ctx, mlg[0]);
+    }
+    if (isnan(em))
+        printf("%s: worst relative rms %.2e over y, dx and %d gradients; no max logits "
+               "(report_max_logit off)\n", ctx, worst, np);
+    else
+        printf("%s: worst relative rms %.2e over y, dx and %d gradients; max logit %.2e\n",
+               ctx, worst, np, em);
 
     free(ry), free(gy), free(rdx), free(gdx), free(mlc), free(mlg);
     for (int i = 0; i < np; i++) {
@@ -570,14 +648,17 @@ START_TEST(plugin_vs_cpu)
 {
     /* fp32-kernel widths (with and without q low-rank, shared key, gate), then MLA's widths. */
     const pcfg cfgs[] = {
-        {2, 0, 24, 16, 8, 16, 1, 32, 2, 37},
-        {3, 20, 16, 8, 0, 8, 0, 24, 1, 50},
-        {2, 0, 64, 128, 64, 128, 1, 64, 2, 150},
-        {2, 48, 32, 128, 0, 128, 1, 64, 1, 100},
+        {2, 0, 24, 16, 8, 16, 1, 32, 2, 37, NULL},
+        {3, 20, 16, 8, 0, 8, 0, 24, 1, 50, NULL},
+        {2, 0, 64, 128, 64, 128, 1, 64, 2, 150, NULL},
+        {2, 48, 32, 128, 0, 128, 1, 64, 1, 100, NULL},
+        {2, 0, 64, 128, 64, 128, 1, 64, 2, 128, "cudnn"}, /* skipped without cuDNN */
+        {2, 0, 64, 128, 64, 128, 1, 64, 2, 256, NULL}, /* auto: cuDNN's backward, if usable */
     };
+    int cudnn = cudnn_usable();
     const int dtypes[2] = {K3RT_F32, K3RT_BF16};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
-        if (small_only && (i == 1 || i == 3))
+        if ((small_only && (i == 1 || i == 3)) || (cfgs[i].kernel && !cudnn))
             continue;
         for (int d = 0; d < 2; d++) {
             plugin_case(dtypes[d], &cfgs[i], 0);
@@ -606,7 +687,7 @@ START_TEST(plugin_refuses)
     json_decref(j);
 
     /* A CUDA instance called on a CPU stream, and with host tensors. */
-    const pcfg c = {2, 0, 8, 4, 2, 4, 1, 16, 1, 5};
+    const pcfg c = {2, 0, 8, 4, 2, 4, 1, 16, 1, 5, NULL};
     make_module(&m, &c, K3RT_F32, 0, G);
     k3rt_memory mem;
     TU_OK(module_memory(&m, 1, 5, &mem, &err), err);

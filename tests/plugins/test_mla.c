@@ -675,6 +675,21 @@ START_TEST(test_refusals)
     ck_assert_int_ne(module_create(&m, e, j, &a, "test", &err), 0);
     ck_assert_ptr_nonnull(strstr(err.msg, "kv_rank"));
     json_decref(j);
+    /* cuDNN's attention cannot compute the max logits: asking for both is refused at create;
+     * with the reporting off the module reports no statistic. */
+    j = json_pack("{s:s}", "cuda_kernel", "cudnn");
+    ck_assert_int_ne(module_create(&m, e, j, &a, "test", &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "report_max_logit = false"));
+    json_object_set_new(j, "report_max_logit", json_false());
+    a.stream = tu_cpu_stream(1);
+    TU_OK(module_create(&m, e, j, &a, "test", &err), err);
+    k3rt_tensor_sink sink;
+    TU_OK(module_stats(&m, &sink, &err), err);
+    ck_assert_int_eq(sink.n, 0);
+    tensor_sink_free(&sink);
+    module_destroy(&m);
+    k3rt_stream_destroy(a.stream);
+    json_decref(j);
 
     fix f;
     fix_make(&f, &variants[1], K3RT_F64, 2, 5, 16, 1, 1);

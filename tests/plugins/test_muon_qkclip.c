@@ -213,6 +213,19 @@ START_TEST(columns_unseen_heads_and_nan)
     mt_use_max_logit(&h, 0, H - 1);
     ck_assert_int_eq(mt_step_rc(&h, 0.0, 2, &err), K3RT_ERR_INVALID);
     ck_assert_msg(strstr(err.msg, "head_max_logit must be 4 f32 values"), "%s", err.msg);
+    /* no max logits at all (an owner with its reporting off): refused, the weights unmoved,
+     * unless QK-clip is off */
+    memset(&h.refs[0].head_max_logit, 0, sizeof h.refs[0].head_max_logit);
+    mt_get_param(&h, 0, w);
+    ck_assert_int_eq(mt_step_rc(&h, 0.0, 2, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "parameter wk: QK-clip is on (qk_clip) but its owner "
+                                  "reported no max logits"), "%s", err.msg);
+    mt_get_param(&h, 0, got);
+    ck_assert_int_eq(memcmp(w, got, sizeof w), 0);
+    mt_free(&h);
+    mt_init(&h, K3RT_F64, "{\"qk_clip\": false}", &sp, 1, 1);
+    k3rt_error none = {0};
+    ck_assert_int_eq(mt_step_rc(&h, 0.0, 1, &none), K3RT_OK);
     mt_free(&h);
 }
 END_TEST

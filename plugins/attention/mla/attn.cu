@@ -1,7 +1,10 @@
-// The attention core's entry points (mla_cuda.h): argument checks, the choice between the
-// tensor-core kernels (attn_tc.cu) and the fp32 ones (attn_simple.cu), the backward's row dots
-// and the per-head reduction of the forward's block maxima.
+// The attention core's entry points (mla_cuda.h): argument checks, the choice between cuDNN's
+// fused attention (attn_cudnn.c), k3rt's tensor-core kernels (attn_tc.cu) and its fp32 ones
+// (attn_simple.cu), the backward's row dots and the per-head reduction of the forward's maxima.
 #include "cuda_common.cuh"
+#ifdef K3RT_MLA_HAVE_CUDNN
+#include "attn_cudnn.h"
+#endif
 
 int mla_cu_fail(k3rt_error *err, cudaError_t e, const char *what)
 {
@@ -69,17 +72,26 @@ __global__ void row_dots_kernel(const T *dout, const T *o, float *drow, int64_t 
     }
 }
 
+// One block per head: the max over b and the entries of every (b, h) row of bmax.
 __global__ void head_max_kernel(const float *bmax, int64_t B, int64_t H, int64_t blocks,
                                 float *head_max, int combine)
 {
-    int64_t h = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (h >= H)
-        return;
-    float m = combine ? head_max[h] : -INFINITY;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < blocks; i++)
-            m = nan_max(m, bmax[(b * H + h) * blocks + i]);
-    head_max[h] = m;
+    __shared__ float part[32];
+    int64_t h = blockIdx.x;
+    float m = -INFINITY;
+    for (int64_t i = threadIdx.x; i < B * blocks; i += blockDim.x)
+        m = nan_max(m, bmax[((i / blocks) * H + h) * blocks + i % blocks]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            m = nan_max(m, part[w]);
+        head_max[h] = combine ? nan_max(head_max[h], m) : m;
+    }
 }
 
 }  // namespace
@@ -105,8 +117,82 @@ extern "C" int mla_cuda_enter(int device, k3rt_error *err)
     return K3RT_OK;
 }
 
-extern "C" const char *mla_attn_path(const mla_attn *a)
+namespace {
+
+// Whether cuDNN runs a (*use), by a->kernel: k3rt's never, cuDNN's always (an error when it
+// cannot), auto when it takes the shape. A deterministic backward never: cuDNN sums dQ with
+// atomics.
+int cudnn_wanted(const mla_attn *a, int backward, int *use, k3rt_error *err)
 {
+    *use = 0;
+    if (a->kernel == MLA_KERNEL_K3RT)
+        return K3RT_OK;
+    int forced = a->kernel == MLA_KERNEL_CUDNN;
+    if (backward && a->deterministic)
+        return K3RT_OK;
+#ifdef K3RT_MLA_HAVE_CUDNN
+    int dev, major = 0;
+    MLA_CU_TRY(cudaGetDevice(&dev), "cudaGetDevice");
+    MLA_CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+               "cudaDeviceGetAttribute");
+    const char *why = NULL;
+    if (!backward && a->block_max)
+        why = "its forward does not report the max logits (block_max; the plugin's "
+              "report_max_logit)";
+    else if (backward && (!a->dq_acc || ((uintptr_t)a->dq_acc & 15)))
+        why = "the backward has no 16-byte aligned dq_acc scratch";
+    else if (!mla_cudnn_shape_ok(a, major, &why))
+        ;
+    k3rt_error load = {0, {0}};
+    if (!why && mla_cudnn_load(&load) != K3RT_OK)
+        why = load.msg;
+    if (why && forced)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "mla attention: kernel \"cudnn\" cannot "
+                         "run B %lld, T %lld, H %lld, dqk %lld, dv %lld, %s: %s", (long long)a->B,
+                         (long long)a->T, (long long)a->H, (long long)a->dqk,
+                         (long long)a->dv, k3rt_dtype_name(a->dtype), why);
+    *use = why == NULL;
+    return K3RT_OK;
+#else
+    if (forced)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "mla attention: kernel \"cudnn\" asked "
+                         "for, but this build has no cuDNN (its headers were not found when "
+                         "the plugin was built)");
+    return K3RT_OK;
+#endif
+}
+
+// Runs cuDNN's direction of a when the choice (cudnn_wanted) falls on it; *ran = 0 when it
+// does not, or when auto mode falls back to k3rt's kernels because the library is missing or
+// has no engine for the shape.
+int cudnn_first(cudaStream_t st, const mla_attn *a, int backward, int *ran, k3rt_error *err)
+{
+    int use = 0;
+    *ran = 0;
+    K3RT_TRY(cudnn_wanted(a, backward, &use, err));
+    if (!use)
+        return K3RT_OK;
+#ifdef K3RT_MLA_HAVE_CUDNN
+    k3rt_error e = {0, {0}};
+    int rc = backward ? mla_cudnn_bwd(st, a, &e) : mla_cudnn_fwd(st, a, &e);
+    *ran = rc == K3RT_OK;
+    if (rc == K3RT_OK || (rc == K3RT_ERR_UNSUPPORTED && a->kernel == MLA_KERNEL_AUTO))
+        return K3RT_OK;
+    return k3rt_fail(err, rc, "%s", e.msg);
+#else
+    (void)st;
+    return K3RT_OK;
+#endif
+}
+
+}  // namespace
+
+extern "C" const char *mla_attn_path(const mla_attn *a, int backward)
+{
+    int use = 0;
+    k3rt_error e;
+    if (cudnn_wanted(a, backward, &use, &e) == K3RT_OK && use)
+        return "cudnn";
     return mla_tc_supported(a) ? "tensor-core" : "fp32";
 }
 
@@ -114,6 +200,10 @@ extern "C" int mla_attn_fwd_cuda(void *stream, const mla_attn *a, k3rt_error *er
 {
     K3RT_TRY(check(a, 0, err));
     cudaStream_t st = (cudaStream_t)stream;
+    int ran;
+    K3RT_TRY(cudnn_first(st, a, 0, &ran, err));
+    if (ran)
+        return K3RT_OK;
     return mla_tc_supported(a) ? mla_tc_fwd(st, a, err) : mla_simple_fwd(st, a, err);
 }
 
@@ -121,6 +211,10 @@ extern "C" int mla_attn_bwd_cuda(void *stream, const mla_attn *a, k3rt_error *er
 {
     K3RT_TRY(check(a, 1, err));
     cudaStream_t st = (cudaStream_t)stream;
+    int ran;
+    K3RT_TRY(cudnn_first(st, a, 1, &ran, err));
+    if (ran)
+        return K3RT_OK;
     K3RT_TRY(mla_row_dots(st, a, err));
     return mla_tc_supported(a) ? mla_tc_bwd(st, a, err) : mla_simple_bwd(st, a, err);
 }
@@ -131,8 +225,8 @@ extern "C" int mla_head_max_cuda(void *stream, const float *block_max, int64_t B
     if (!block_max || !head_max || B < 1 || H < 1 || T < 1)
         return k3rt_fail(err, K3RT_ERR_INVALID, "mla head max: bad arguments");
     int64_t blocks = (T + MLA_CUDA_MAX_ROWS - 1) / MLA_CUDA_MAX_ROWS;
-    head_max_kernel<<<(unsigned)((H + 127) / 128), 128, 0, (cudaStream_t)stream>>>(
-        block_max, B, H, blocks, head_max, combine);
+    head_max_kernel<<<(unsigned)H, 256, 0, (cudaStream_t)stream>>>(block_max, B, H, blocks,
+                                                                   head_max, combine);
     MLA_LAUNCHED("head_max_kernel");
     return K3RT_OK;
 }

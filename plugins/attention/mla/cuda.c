@@ -32,6 +32,7 @@ static mla_attn attn_of(const mla *m, void *sv, const mla_layout *L, int64_t B, 
     at_.block_max = NULL;
     at_.dout = NULL, at_.dq = NULL, at_.dk = NULL, at_.dv_out = NULL, at_.drow = NULL;
     at_.deterministic = 1, at_.dq_acc = NULL;
+    at_.kernel = m->kernel;
     return at_;
 }
 
@@ -84,13 +85,17 @@ int mla_forward_cuda(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
     K3RT_TRY(mla_assemble_cuda(st, dt, SV(q), WS(f_qn), dn, WS(f_qr), dr, 0, N, H, err));
     K3RT_TRY(mla_assemble_cuda(st, dt, SV(k), WS(f_kn), dn, WS(f_kr), dr, 1, N, H, err));
 
-    /* O = causal softmax attention per (b, h); lse kept; per-head max logit on the device. */
+    /* O = causal softmax attention per (b, h); lse kept; per-head max logit on the device
+     * (report_max_logit). */
     mla_attn core = attn_of(m, sv, &L, B, T);
-    core.block_max = WS(f_max);
+    core.block_max = m->report_max ? WS(f_max) : NULL;
     K3RT_TRY(mla_attn_fwd_cuda(st, &core, err));
-    K3RT_TRY(mla_head_max_cuda(st, core.block_max, B, H, T, m->dev_max, !m->dev_fresh, err));
-    m->dev_fresh = 0;
-    m->dev_stream = s;
+    if (m->report_max) {
+        K3RT_TRY(mla_head_max_cuda(st, core.block_max, B, H, T, m->dev_max, !m->dev_fresh,
+                                   err));
+        m->dev_fresh = 0;
+        m->dev_stream = s;
+    }
 
     /* Output gate (z = x Wg^T kept): og = O ⊙ sigmoid(z); y = og Wo^T. */
     const void *og = SV(o);

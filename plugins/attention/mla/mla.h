@@ -40,6 +40,8 @@ typedef struct mla {
     double init_std;
     double scale;   /* softmax scale, 1/sqrt(dn + dr) unless configured */
     int dtype;      /* CPU: K3RT_F32 or K3RT_F64; CUDA: K3RT_F32 or K3RT_BF16 */
+    int kernel;     /* CUDA attention core: MLA_KERNEL_AUTO, _K3RT or _CUDNN (mla_cuda.h) */
+    int report_max; /* report_max_logit: compute and report the per-head max logits */
     int device;     /* K3RT_DEVICE_CPU or the CUDA ordinal the instance computes on */
     int slots;      /* CPU attention scratch slots = threads of the create stream; 0 on CUDA */
     int slot[MLA_N_SLOTS];  /* parameter index of each slot, or -1 */

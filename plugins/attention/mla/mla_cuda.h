@@ -18,6 +18,13 @@ extern "C" {
 /* Rows per block of the per-block maxima (block_max): the smallest query tile of any kernel. */
 #define MLA_CUDA_MAX_ROWS 32
 
+/* Which implementation runs the attention core (mla_attn.kernel). */
+enum {
+    MLA_KERNEL_AUTO = 0,  /* cuDNN's fused attention where it takes the call, else k3rt's */
+    MLA_KERNEL_K3RT = 1,  /* k3rt's own kernels */
+    MLA_KERNEL_CUDNN = 2  /* cuDNN's, or an error saying why not */
+};
+
 /* One causal softmax attention, softmax(scale Q K^T + mask) V, per (batch, head):
  *   forward   reads q, k, v; writes o and lse (natural log-sum-exp of each row's scaled logits)
  *             and, when block_max is not NULL, the largest scaled logit of every
@@ -29,10 +36,16 @@ extern "C" {
  *             f32 scratch, 16-byte aligned, needed then): five products instead of seven, the
  *             last bits of dq varying between runs. The fp32 kernels are deterministic in
  *             either mode.
- * bf16 with (dqk, dv) = (192, 128) or (128, 128) and 16-byte aligned rows runs on the tensor
- * cores (mma.sync m16n8k16, fp32 accumulation, online softmax); every other case runs the
- * fp32-arithmetic kernels (exact fp32 for f32 data), for head widths up to what shared memory
- * holds. */
+ * k3rt's kernels: bf16 with (dqk, dv) = (192, 128) or (128, 128) and 16-byte aligned rows runs
+ * on the tensor cores (mma.sync m16n8k16, fp32 accumulation, online softmax); every other case
+ * runs the fp32-arithmetic kernels (exact fp32 for f32 data), for head widths up to what shared
+ * memory holds.
+ * cuDNN's fused attention (kernel AUTO or CUDNN; attn_cudnn.h): bf16, T a multiple of 128, head
+ * widths multiples of 8 up to 256 on Hopper (128 elsewhere), 16-byte aligned tensors, and the
+ * library (libcudnn.so.9, 9.6 or later) loadable. Its forward cannot give block_max (the max
+ * logits QK-clip needs): a forward asked for them runs k3rt's kernels. Its backward uses dq_acc
+ * and drow as scratch and is not deterministic, so a deterministic backward always runs k3rt's
+ * kernels. The lse of either forward serves either backward. */
 typedef struct mla_attn {
     int dtype;
     int64_t B, T, H, dqk, dv;
@@ -46,6 +59,7 @@ typedef struct mla_attn {
     float *drow;
     int deterministic;
     float *dq_acc;
+    int kernel;
 } mla_attn;
 
 /* Makes `device` current on the calling thread (the kernels launch on the current device). */
@@ -53,8 +67,9 @@ int mla_cuda_enter(int device, k3rt_error *err);
 
 int mla_attn_fwd_cuda(void *stream, const mla_attn *a, k3rt_error *err);
 int mla_attn_bwd_cuda(void *stream, const mla_attn *a, k3rt_error *err);
-/* Which kernels mla_attn_*_cuda choose for a: "tensor-core" or "fp32". */
-const char *mla_attn_path(const mla_attn *a);
+/* Which kernels mla_attn_*_cuda choose for a's forward (backward: its backward):
+ * "cudnn", "tensor-core" or "fp32". */
+const char *mla_attn_path(const mla_attn *a, int backward);
 
 /* head_max[h] = max over b and row blocks of block_max[(b*H + h), :], NaN-propagating; when
  * `combine`, also max with the old head_max[h]. */

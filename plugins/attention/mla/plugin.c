@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "mla.h"
+#include "mla_cuda.h"
 
 static const k3rt_option mla_options[] = {
     {"heads", K3RT_OPT_INT, 0, "4", 1, 4096, NULL, "attention heads"},
@@ -44,6 +45,14 @@ static const k3rt_option mla_options[] = {
      "std of the normal init of every projection (norm gains start at 1)"},
     {"softmax_scale", K3RT_OPT_FLOAT, K3RT_OPT_NULLABLE, "null", 0, 1e6, NULL,
      "logit scale; none means 1/sqrt(qk_nope_dim + qk_shared_dim) as in Kimi"},
+    {"report_max_logit", K3RT_OPT_BOOL, 0, "true", K3RT_RANGE_ANY, NULL,
+     "compute each head's max logit every forward and report it (stats \"max_logit\"), the "
+     "input of QK-clip; false lets the CUDA forward run cuDNN, which cannot compute it"},
+    {"cuda_kernel", K3RT_OPT_STRING, 0, "\"auto\"", K3RT_RANGE_ANY, "auto|k3rt|cudnn",
+     "attention core on CUDA: cudnn = cuDNN's fused attention (bf16, T a multiple of 128, "
+     "report_max_logit false for the forward; libcudnn.so.9 loaded at run time), k3rt = "
+     "k3rt's own kernels, auto = cuDNN where it runs, else k3rt's. A deterministic backward "
+     "always runs k3rt's"},
 };
 #define MLA_N_OPTIONS ((uint32_t)(sizeof mla_options / sizeof mla_options[0]))
 
@@ -184,6 +193,17 @@ static int mla_create(const k3rt_create_args *a, void **self, k3rt_error *err)
                                                     : k3rt_cfg_float(c, "softmax_scale");
     m->dtype = a->dtype;
     m->device = a->device;
+    m->report_max = k3rt_cfg_bool(c, "report_max_logit");
+    const char *kernel = k3rt_cfg_string(c, "cuda_kernel");
+    m->kernel = !strcmp(kernel, "cudnn") ? MLA_KERNEL_CUDNN
+                : !strcmp(kernel, "k3rt") ? MLA_KERNEL_K3RT : MLA_KERNEL_AUTO;
+    if (m->kernel == MLA_KERNEL_CUDNN && m->report_max) {
+        free(m);
+        return k3rt_fail(err, K3RT_ERR_INVALID, "mla: cuda_kernel \"cudnn\" needs "
+                         "report_max_logit = false: cuDNN's forward cannot compute the max "
+                         "logits (cuda_kernel \"auto\" runs k3rt's forward for them and "
+                         "cuDNN's backward)");
+    }
     /* CPU attention runs one scratch slot per thread; CUDA needs none. */
     m->slots = m->device == K3RT_DEVICE_CPU ? k3rt_stream_threads(a->stream) : 0;
     m->max_logit = malloc((size_t)m->H * sizeof(float));
@@ -263,10 +283,13 @@ static int mla_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
     return K3RT_OK;
 }
 
-/* Per-head max of the scaled pre-softmax logit (masked entries excluded), for QK-clip. */
+/* Per-head max of the scaled pre-softmax logit (masked entries excluded), for QK-clip;
+ * nothing under report_max_logit = false. */
 static int mla_stats(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
 {
     mla *m = self;
+    if (!m->report_max)
+        return K3RT_OK;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (m->device != K3RT_DEVICE_CPU)
         K3RT_TRY(mla_cuda_read_max(m, err));

@@ -33,8 +33,13 @@ static int check_param(const muon *o, const muon_param *p, const k3rt_param_ref 
                          k3rt_dtype_name(ref->param.dtype),
                          (long long)k3rt_tensor_numel(&ref->grad),
                          k3rt_dtype_name(ref->grad.dtype));
-    if (!p->qk_clip || !k3rt_tensor_present(&ref->head_max_logit))
+    if (!p->qk_clip)
         return K3RT_OK;
+    if (!k3rt_tensor_present(&ref->head_max_logit))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "per_head_muon: parameter %s: QK-clip is on "
+                         "(qk_clip) but its owner reported no max logits (stats \"max_logit\"); "
+                         "turn the owner's reporting on (mla: report_max_logit = true) or set "
+                         "qk_clip = false", p->name);
     const k3rt_tensor *t = &ref->head_max_logit;
     if (t->dtype != K3RT_F32 || t->device != K3RT_DEVICE_CPU ||
         k3rt_tensor_numel(t) != p->heads.count)
@@ -175,7 +180,7 @@ static void qk_clip(const muon *o, const k3rt_optimizer_step *a)
     for (int32_t i = 0; i < o->n; i++) {
         const muon_param *p = &o->p[i];
         const k3rt_tensor *t = &a->params[i].head_max_logit;
-        if (!p->qk_clip || !k3rt_tensor_present(t))
+        if (!p->qk_clip)
             continue;
         const float *s = t->data;
         for (int64_t h = 0; h < p->heads.count; h++) {
