@@ -655,7 +655,11 @@ START_TEST(plugin_vs_cpu)
         {2, 0, 64, 128, 64, 128, 1, 64, 2, 128, "cudnn"}, /* skipped without cuDNN */
         {2, 0, 64, 128, 64, 128, 1, 64, 2, 256, NULL}, /* auto: cuDNN's backward, if usable */
     };
+#ifdef K3RT_HAVE_CUDA
     int cudnn = cudnn_usable();
+#else
+    int cudnn = 0; /* a build without CUDA: the test skips before this */
+#endif
     const int dtypes[2] = {K3RT_F32, K3RT_BF16};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         if ((small_only && (i == 1 || i == 3)) || (cfgs[i].kernel && !cudnn))
