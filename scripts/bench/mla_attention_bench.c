@@ -10,9 +10,9 @@
  * Default shapes: 8,4096,8,192,128  2,16384,8,192,128  8,4096,16,128,128. Each shape runs with
  * k3rt's kernels (max logits on), then, where cuDNN is usable, with cuDNN's fused attention
  * (max logits off) and under the auto choice with the max logits on (k3rt's forward, cuDNN's
- * backward: training with QK-clip) (mla_cuda.h's kernel choice). One line per shape and kernel, key=value pairs, read by
- * scripts/bench/mla_attention.py (which times PyTorch's scaled_dot_product_attention at the
- * same shapes in the same run):
+ * backward: training with QK-clip) (mla_cuda.h's kernel choice). One line per shape and
+ * kernel, key=value pairs, read by scripts/bench/mla_attention.py (which times PyTorch's
+ * scaled_dot_product_attention at the same shapes in the same run):
  *   op=mla_attn B=8 T=4096 H=8 dqk=192 dv=128 dtype=bf16 kernel=cudnn path=cudnn bwd_path=cudnn
  *   bwd_det_path=tensor-core fwd_ms=... bwd_ms=... fwdbwd_ms=... bwd_det_ms=...
  *   fwdbwd_det_ms=... fwd_flops=... bwd_flops=...
@@ -82,7 +82,8 @@ static void bench_shape(int dtype, int64_t B, int64_t T, int64_t H, int64_t dqk,
     a.v = random_dev(dtype, nv, 1.0, 3), a.dout = random_dev(dtype, nv, 1.0, 4);
     a.o = bench_dev((size_t)nv * es), a.lse = bench_dev((size_t)nr * 4);
     a.block_max = bench_dev((size_t)(B * H * ((T + 31) / 32)) * 4);
-    a.dq = bench_dev((size_t)nq * es), a.dk = bench_dev((size_t)nq * es), a.dv_out = bench_dev((size_t)nv * es);
+    a.dq = bench_dev((size_t)nq * es), a.dk = bench_dev((size_t)nq * es);
+    a.dv_out = bench_dev((size_t)nv * es);
     a.drow = bench_dev((size_t)nr * 4), a.dq_acc = bench_dev((size_t)nq * 4);
     /* cuDNN's forward reports no max logits; auto asks for them, as QK-clip training does, so
      * it runs k3rt's forward and cuDNN's backward. */

@@ -2,8 +2,9 @@
  * cuDNN recognises scaled-dot-product attention written as a graph of its backend operations
  * (matmul, scale, causal mask, softmax, matmul) and runs it as one fused kernel; the graphs
  * below are the ones its fused engines match (cuDNN frontend's composite SDPA, top-left causal
- * mask, no dropout, no bias), down to the types and strides of the virtual tensors. Plans are built once per (device, shape, direction) and kept for
- * the life of the process.
+ * mask, no dropout, no bias), down to the types and strides of the virtual tensors. Plans are
+ * built once per (device, shape, direction) and kept for the life of the process (32 at most;
+ * the oldest is replaced after a device synchronisation).
  *
  * The same definitions as k3rt's kernels: the statistics output is the natural log-sum-exp of
  * the scaled logits, [B, H, T] f32, so either backward consumes either forward's lse. The max

@@ -18,9 +18,10 @@ int mla_cudnn_load(k3rt_error *err);
  * when not, *why says what it lacks. */
 int mla_cudnn_shape_ok(const mla_attn *a, int cc_major, const char **why);
 
-/* Forward: o and lse of a (mla_cuda.h; block_max must be NULL). Backward: dq, dk, dv, using dq_acc and drow as
- * scratch. K3RT_ERR_UNSUPPORTED when the library is missing or has no engine for the shape (the
- * caller may then run k3rt's kernels); any other error is a failure. */
+/* Forward: o and lse of a (mla_cuda.h; block_max must be NULL). Backward: dq, dk, dv, using
+ * dq_acc and drow as scratch. K3RT_ERR_UNSUPPORTED when the library is missing or has no
+ * engine for the shape (the caller may then run k3rt's kernels); any other error is a
+ * failure. */
 int mla_cudnn_fwd(void *stream, const mla_attn *a, k3rt_error *err);
 int mla_cudnn_bwd(void *stream, const mla_attn *a, k3rt_error *err);
 

@@ -85,12 +85,17 @@ long cg_version(void)
     return api.version && !load_msg[0] ? (long)api.version() : 0;
 }
 
+/* cuDNN's "not supported" family (a graph pattern, shape, type or architecture this library
+ * has no engine for) is K3RT_ERR_UNSUPPORTED, which lets a caller fall back; the rest are
+ * failures. */
 static int cudnn_fail(k3rt_error *err, cudnnStatus_t s, const char *what, const char *graph)
 {
     char last[400] = "";
     api.last_error(last, sizeof last);
-    return k3rt_fail(err, K3RT_ERR_DEVICE, "cuDNN %ld, %s: %s failed: %s%s%s", cg_version(),
-                     graph, what, api.status_name(s), last[0] ? ": " : "", last);
+    int code = CUDNN_STATUS_CATEGORY(s) == CUDNN_STATUS_NOT_SUPPORTED ? K3RT_ERR_UNSUPPORTED
+                                                                       : K3RT_ERR_DEVICE;
+    return k3rt_fail(err, code, "cuDNN %ld, %s: %s failed: %s%s%s", cg_version(), graph, what,
+                     api.status_name(s), last[0] ? ": " : "", last);
 }
 
 int cg_handle_create(cudnnHandle_t *h, k3rt_error *err)

@@ -65,7 +65,8 @@ typedef struct cg_plan {
 } cg_plan;
 
 /* Finalises the operation graph on handle h and takes the first engine configuration of
- * cuDNN's heuristics (mode A) that builds. The plan takes over the graph's descriptors; on
+ * cuDNN's heuristics (mode A) that builds: K3RT_ERR_UNSUPPORTED when none does, or when a
+ * step fails with cuDNN's "not supported" family. The plan takes over the graph's descriptors; on
  * failure they are freed. g is empty afterwards either way. */
 int cg_plan_build(cg_graph *g, cudnnHandle_t h, cg_plan *out);
 void cg_plan_destroy(cg_plan *p);
