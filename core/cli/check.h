@@ -13,6 +13,7 @@
 #include <k3rt/k3rt.h>
 
 #include "model/module.h"
+#include "plugin/fdcheck.h"
 #include "plugin/registry.h"
 
 enum { CK_PASS = 0, CK_FAIL = 1, CK_SKIP = 2 };
@@ -72,6 +73,24 @@ void ck_params_free(ck_params *p);
 /* Sends the host values to the device (no-op on the CPU) and zeroes the gradients. */
 int ck_params_upload(ck_params *p, k3rt_stream *s, k3rt_error *err);
 int ck_params_download_grads(ck_params *p, k3rt_stream *s, k3rt_error *err);
+
+/* One instance of the checked plugin ready to call: created on `device` in `dtype` on the
+ * context's CPU stream or, for a CUDA device, a stream of its own; its parameters made and
+ * uploaded; its memory needs at the check's shape. Close frees what open got, however far it
+ * got. */
+typedef struct ck_module {
+    k3rt_stream *s;
+    int own_stream, created;
+    module m;
+    ck_params p;
+    k3rt_memory mem;
+} ck_module;
+int ck_module_open(check_ctx *c, int dtype, int device, ck_module *o, k3rt_error *err);
+void ck_module_close(ck_module *o);
+
+/* Finite-difference options at the check's shape, seed and tolerance; 0 after reporting the
+ * "gradients" check skipped when the plugin has no double-precision CPU path. */
+int ck_fd_options(check_ctx *c, fd_options *o);
 
 /* Named host copies of a run's outputs, compared bitwise (determinism) or by relative rms
  * (CPU vs CUDA). */

@@ -10,12 +10,7 @@ typedef struct mix_run {
     check_ctx *c;
     int dtype, device, kind;
     int64_t B, T, d, n;          /* n = B * T * d */
-    k3rt_stream *s;
-    int own_stream;
-    module m;
-    int created;
-    ck_params p;
-    k3rt_memory mem;
+    ck_module mod;               /* the instance, its stream, parameters and memory needs */
     void *saved, *ws;            /* on the device; + a canary tail on the CPU */
     void *x, *y, *dy, *dx;       /* on the device */
     int experts, top_k;

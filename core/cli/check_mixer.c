@@ -7,23 +7,15 @@
 #include <string.h>
 
 #include "cli/check_mix.h"
-#include "plugin/fdcheck.h"
 
 /* Exactness expected of two ways to compute the same thing in one dtype. */
 static double same_tol(int dtype) { return dtype == K3RT_F64 ? 1e-12 : 1e-6; }
 
 static void check_gradients(check_ctx *c)
 {
-    if (!(c->e->desc.caps & K3RT_CAP_F64)) {
-        ck_report(c, CK_SKIP, "gradients", "finite differences need the double-precision CPU "
-                  "path (K3RT_CAP_F64)");
-        return;
-    }
     fd_options o;
-    memset(&o, 0, sizeof o);
-    o.batch = c->B, o.seq = c->T, o.d_model = c->d, o.vocab = c->vocab;
-    o.n_layers = c->layers, o.layer = 0, o.seed = c->seed, o.samples = c->samples;
-    o.eps = c->fd_eps, o.tol = c->tol, o.stencil = 4, o.threads = 1;  /* many tiny calls */
+    if (!ck_fd_options(c, &o))
+        return;
     fd_result r;
     k3rt_error err = {0};
     if (fd_check_module(c->e, c->config, &o, &r, &err)) {
@@ -82,15 +74,15 @@ static const char *bad_input_problem(mix_run *r, k3rt_error *err)
         x = k3rt_alloc(r->device, (size_t)n * k3rt_dtype_size(r->dtype), err);
         y = x ? k3rt_alloc(r->device, (size_t)n * k3rt_dtype_size(r->dtype), err) : NULL;
     }
-    const plugin_entry *e = r->m.e;
+    const plugin_entry *e = r->mod.m.e;
     k3rt_fwd_args a;
     err->msg[0] = '\0';
     if (x && y) {
         mix_fwd_args(r, 1, &a);
         a.x = k3rt_tensor_view(x, r->dtype, r->device, 3, r->B, r->T, r->d + 1, 0);
         a.y = k3rt_tensor_view(y, r->dtype, r->device, 3, r->B, r->T, r->d + 1, 0);
-        rc = r->kind == K3RT_KIND_MOE ? e->vt.moe.forward(r->m.self, &a, err)
-                                      : e->vt.attention.forward(r->m.self, &a, err);
+        rc = r->kind == K3RT_KIND_MOE ? e->vt.moe.forward(r->mod.m.self, &a, err)
+                                      : e->vt.attention.forward(r->mod.m.self, &a, err);
     }
     if (r->device == K3RT_DEVICE_CPU) {
         free(x), free(y);
@@ -104,12 +96,12 @@ static const char *bad_input_problem(mix_run *r, k3rt_error *err)
         return "forward accepted x of width d + 1";
     if (!err->msg[0])
         return "forward refused x of width d + 1 without a message";
-    if (r->p.n > 0) {
+    if (r->mod.p.n > 0) {
         mix_fwd_args(r, 1, &a);
-        a.n_params = r->p.n - 1;
+        a.n_params = r->mod.p.n - 1;
         err->msg[0] = '\0';
-        rc = r->kind == K3RT_KIND_MOE ? e->vt.moe.forward(r->m.self, &a, err)
-                                      : e->vt.attention.forward(r->m.self, &a, err);
+        rc = r->kind == K3RT_KIND_MOE ? e->vt.moe.forward(r->mod.m.self, &a, err)
+                                      : e->vt.attention.forward(r->mod.m.self, &a, err);
         if (rc == K3RT_OK)
             return "forward accepted a parameter list one short";
         if (!err->msg[0])
@@ -122,7 +114,7 @@ static const char *stats_problem(mix_run *r, int *n, char *buf, size_t len, k3rt
 {
     struct k3rt_tensor_sink sink;
     *n = 0;
-    if (module_stats(&r->m, &sink, err)) {
+    if (module_stats(&r->mod.m, &sink, err)) {
         snprintf(buf, len, "stats(): %s", err->msg);
         return buf;
     }
@@ -130,8 +122,8 @@ static const char *stats_problem(mix_run *r, int *n, char *buf, size_t len, k3rt
     for (int i = 0; i < sink.n && !why; i++) {
         const k3rt_tensor *t = &sink.items[i].t;
         void *h = k3rt_tensor_present(t) ? malloc(k3rt_tensor_bytes(t) + 1) : NULL;
-        if (!h || ck_copy(r->s, h, K3RT_DEVICE_CPU, t->data, t->device, k3rt_tensor_bytes(t),
-                          err)) {
+        if (!h || ck_copy(r->mod.s, h, K3RT_DEVICE_CPU, t->data, t->device,
+                          k3rt_tensor_bytes(t), err)) {
             snprintf(buf, len, "statistic '%s' has no data", sink.items[i].name);
             why = buf;
         } else if (k3rt_dtype_is_float(t->dtype) && !ck_finite(h, t->dtype,
@@ -180,7 +172,7 @@ static void check_contract(check_ctx *c)
         rc = mix_forward(&r, 0, &err);
     if (!rc && !why) {
         ck_blobs inf = {0};
-        rc = ck_blobs_add(&inf, "y", r.dtype, r.n, r.y, r.device, r.s, &err);
+        rc = ck_blobs_add(&inf, "y", r.dtype, r.n, r.y, r.device, r.mod.s, &err);
         double e = rc ? 0 : ck_rel_rms(ck_blobs_find(&one, "y")->data, inf.b[0].data, r.dtype,
                                        r.n);
         if (e > same_tol(r.dtype)) {
@@ -206,8 +198,8 @@ static void check_contract(check_ctx *c)
                   "overwritten and %d parameter gradient%s accumulated on a second backward, "
                   "saved/workspace within memory() (%lld/%lld bytes), inference y = training "
                   "y, %d statistic%s finite, a wrong x width and a short parameter list refused",
-                  k3rt_dtype_name(r.dtype), r.p.n, r.p.n == 1 ? "" : "s",
-                  (long long)r.mem.saved_bytes, (long long)r.mem.workspace_bytes, n_stats,
+                  k3rt_dtype_name(r.dtype), r.mod.p.n, r.mod.p.n == 1 ? "" : "s",
+                  (long long)r.mod.mem.saved_bytes, (long long)r.mod.mem.workspace_bytes, n_stats,
                   n_stats == 1 ? "" : "s");
     ck_blobs_free(&one);
     ck_blobs_free(&two);
@@ -297,10 +289,10 @@ static const char *routing_problem(mix_run *r, const float *bias, char *buf, siz
         return "routing.counts must be a host tensor";
     ck_blobs h = {0};
     int rc = ck_blobs_add(&h, "selected", K3RT_I32, N * k, g->selected.data, g->selected.device,
-                          r->s, err);
+                          r->mod.s, err);
     if (!rc)
-        rc = ck_blobs_add(&h, "scores", K3RT_F32, N * E, g->scores.data, g->scores.device, r->s,
-                          err);
+        rc = ck_blobs_add(&h, "scores", K3RT_F32, N * E, g->scores.data, g->scores.device,
+                          r->mod.s, err);
     const char *why = rc ? "cannot read the routing" : NULL;
     int64_t *hist = calloc((size_t)E, sizeof *hist);
     const int32_t *sel = rc ? NULL : h.b[0].data;
@@ -443,8 +435,8 @@ static double state_rel(mix_run *r, const void *want_dev, const void *got_dev, k
     size_t bytes = (size_t)r->state_n * k3rt_dtype_size(r->dtype);
     void *a = malloc(bytes), *b = malloc(bytes);
     double e = INFINITY;
-    if (a && b && !ck_copy(r->s, a, K3RT_DEVICE_CPU, want_dev, r->device, bytes, err) &&
-        !ck_copy(r->s, b, K3RT_DEVICE_CPU, got_dev, r->device, bytes, err))
+    if (a && b && !ck_copy(r->mod.s, a, K3RT_DEVICE_CPU, want_dev, r->device, bytes, err) &&
+        !ck_copy(r->mod.s, b, K3RT_DEVICE_CPU, got_dev, r->device, bytes, err))
         e = ck_rel_rms(a, b, r->dtype, r->state_n);
     free(a), free(b);
     return e;
@@ -453,7 +445,7 @@ static double state_rel(mix_run *r, const void *want_dev, const void *got_dev, k
 /* state_out = m state_in + b, with (m, b) from cp_summary and applied through cp_compose. */
 static const char *cp_problem(mix_run *r, char *buf, size_t len, k3rt_error *err)
 {
-    const k3rt_attention_vtable *v = &r->m.e->vt.attention;
+    const k3rt_attention_vtable *v = &r->mod.m.e->vt.attention;
     k3rt_tensor M = r->layout.summary_m, Bt = r->layout.summary_b;
     M.dtype = Bt.dtype = r->dtype;
     M.device = Bt.device = r->device;
@@ -471,12 +463,12 @@ static const char *cp_problem(mix_run *r, char *buf, size_t len, k3rt_error *err
         mix_fwd_args(r, 0, &a);
         k3rt_tensor tm = M, tb = Bt;
         tm.data = m, tb.data = b;
-        rc = module_fail(&r->m, v->cp_summary(r->m.self, &a, tm, tb, err), err);
+        rc = module_fail(&r->mod.m, v->cp_summary(r->mod.m.self, &a, tm, tb, err), err);
         if (!rc) {
             k3rt_tensor t0 = M, ts = r->layout.state, tmo = M, tbo = Bt;
             t0.data = m0, ts.data = r->s_in, tmo.data = mo, tbo.data = bo;
-            rc = module_fail(&r->m, v->cp_compose(r->m.self, r->s, t0, ts, tm, tb, tmo, tbo,
-                                                  err), err);
+            rc = module_fail(&r->mod.m, v->cp_compose(r->mod.m.self, r->mod.s, t0, ts, tm, tb,
+                                                      tmo, tbo, err), err);
         }
     }
     if (!rc)
@@ -518,7 +510,7 @@ static void check_state(check_ctx *c)
         rc = k3rt_fail(&err, K3RT_ERR_NOMEM, "out of memory");
     /* no state_in, a zero state_in, a random one */
     if (!rc)
-        rc = ck_copy(r.s, keep, K3RT_DEVICE_CPU, r.s_in, r.device, sb, &err);
+        rc = ck_copy(r.mod.s, keep, K3RT_DEVICE_CPU, r.s_in, r.device, sb, &err);
     if (!rc) {
         r.use_state = 0;
         rc = mix_reset(&r, &err);
@@ -526,24 +518,24 @@ static void check_state(check_ctx *c)
     if (!rc)
         rc = mix_forward(&r, 0, &err);
     if (!rc)
-        rc = ck_blobs_add(&none, "y", r.dtype, r.n, r.y, r.device, r.s, &err);
+        rc = ck_blobs_add(&none, "y", r.dtype, r.n, r.y, r.device, r.mod.s, &err);
     if (!rc)
-        rc = ck_blobs_add(&none, "state_out", r.dtype, r.state_n, r.s_out, r.device, r.s, &err);
+        rc = ck_blobs_add(&none, "state_out", r.dtype, r.state_n, r.s_out, r.device, r.mod.s, &err);
     r.use_state = 1;
     if (!rc)
-        rc = k3rt_memset(r.s, r.s_in, r.device, 0, sb, &err);
+        rc = k3rt_memset(r.mod.s, r.s_in, r.device, 0, sb, &err);
     if (!rc)
         rc = mix_forward(&r, 0, &err);
     if (!rc)
-        rc = ck_blobs_add(&zero, "y", r.dtype, r.n, r.y, r.device, r.s, &err);
+        rc = ck_blobs_add(&zero, "y", r.dtype, r.n, r.y, r.device, r.mod.s, &err);
     if (!rc)
-        rc = ck_blobs_add(&zero, "state_out", r.dtype, r.state_n, r.s_out, r.device, r.s, &err);
+        rc = ck_blobs_add(&zero, "state_out", r.dtype, r.state_n, r.s_out, r.device, r.mod.s, &err);
     if (!rc)
         rc = mix_upload(&r, r.s_in, keep, sb, &err);
     if (!rc)
         rc = mix_forward(&r, 0, &err);
     if (!rc)
-        rc = ck_blobs_add(&rnd, "y", r.dtype, r.n, r.y, r.device, r.s, &err);
+        rc = ck_blobs_add(&rnd, "y", r.dtype, r.n, r.y, r.device, r.mod.s, &err);
     if (rc) {
         snprintf(buf, sizeof buf, "%s", err.msg);
         why = buf;
@@ -557,7 +549,7 @@ static void check_state(check_ctx *c)
         why = buf;
     } else if (!why && !(ck_rel_rms(none.b[0].data, rnd.b[0].data, r.dtype, r.n) > 1e-6))
         why = "y does not depend on state_in: the initial state is ignored";
-    int cp = r.m.e->vt.attention.cp_summary && r.m.e->vt.attention.cp_compose;
+    int cp = r.mod.m.e->vt.attention.cp_summary && r.mod.m.e->vt.attention.cp_compose;
     if (!why && cp)
         why = cp_problem(&r, buf, sizeof buf, &err);
     if (why)
@@ -589,7 +581,7 @@ static void check_instance_state(check_ctx *c)
     if (!rc && !rb)
         rc = mix_collect(&a, &oa, &err);
     if (!rc && !rb)
-        rc = ck_state_copy(&a.m, &b.m, a.s, &n, &err);
+        rc = ck_state_copy(&a.mod.m, &b.mod.m, a.mod.s, &n, &err);
     ck_blobs_free(&oa);
     if (!rc && !rb)
         rc = mix_collect(&a, &oa, &err);

@@ -32,7 +32,7 @@ static void dev_free(const mix_run *r, void *p)
 
 int mix_upload(mix_run *r, void *dev, const void *host, size_t bytes, k3rt_error *err)
 {
-    return ck_copy(r->s, dev, r->device, host, K3RT_DEVICE_CPU, bytes, err);
+    return ck_copy(r->mod.s, dev, r->device, host, K3RT_DEVICE_CPU, bytes, err);
 }
 
 static int canary_ok(const void *p, int64_t bytes)
@@ -47,7 +47,8 @@ static int canary_ok(const void *p, int64_t bytes)
 int mix_canaries_ok(const mix_run *r)
 {
     return r->device != K3RT_DEVICE_CPU ||
-           (canary_ok(r->saved, r->mem.saved_bytes) && canary_ok(r->ws, r->mem.workspace_bytes));
+           (canary_ok(r->saved, r->mod.mem.saved_bytes) &&
+            canary_ok(r->ws, r->mod.mem.workspace_bytes));
 }
 
 /* Random host values of the run's dtype, uploaded to dev. */
@@ -65,12 +66,13 @@ static int upload_randn(mix_run *r, void *dev, int64_t n, double scale, k3rt_rng
 
 static int open_state(mix_run *r, k3rt_rng *rng, k3rt_error *err)
 {
-    const plugin_entry *e = r->m.e;
+    const plugin_entry *e = r->mod.m.e;
     if (r->kind != K3RT_KIND_ATTENTION || !(e->desc.caps & K3RT_CAP_STATE) ||
         !e->vt.attention.state_layout)
         return K3RT_OK;
     r->layout.struct_size = sizeof r->layout;
-    K3RT_TRY(module_fail(&r->m, e->vt.attention.state_layout(r->m.self, r->B, &r->layout, err),
+    K3RT_TRY(module_fail(&r->mod.m,
+                         e->vt.attention.state_layout(r->mod.m.self, r->B, &r->layout, err),
                          err));
     r->layout.state.dtype = r->dtype;
     r->layout.state.device = r->device;
@@ -98,23 +100,12 @@ int mix_open(check_ctx *c, int dtype, int device, mix_run *r, k3rt_error *err)
     r->device = device;
     r->kind = c->e->desc.kind;
     r->B = c->B, r->T = c->T, r->d = c->d, r->n = c->B * c->T * c->d;
-    r->s = c->cpu;
-    if (device != K3RT_DEVICE_CPU) {
-        K3RT_TRY(k3rt_stream_create(device, K3RT_STREAM_COMPUTE, &r->s, err));
-        r->own_stream = 1;
-    }
-    k3rt_create_args a;
-    memset(&a, 0, sizeof a);
-    K3RT_TRY(ck_create(c, &r->m, &a, dtype, device, r->s, err));
-    r->created = 1;
-    K3RT_TRY(ck_params_make(c, &r->m, dtype, device, &r->p, err));
-    K3RT_TRY(ck_params_upload(&r->p, r->s, err));
-    K3RT_TRY(module_memory(&r->m, r->B, r->T, &r->mem, err));
-    if (r->kind == K3RT_KIND_MOE && r->m.e->vt.moe.experts)
-        r->m.e->vt.moe.experts(r->m.self, &r->experts, &r->top_k);
+    K3RT_TRY(ck_module_open(c, dtype, device, &r->mod, err));
+    if (r->kind == K3RT_KIND_MOE && r->mod.m.e->vt.moe.experts)
+        r->mod.m.e->vt.moe.experts(r->mod.m.self, &r->experts, &r->top_k);
     size_t bytes = (size_t)r->n * k3rt_dtype_size(dtype);
-    r->saved = dev_alloc(r, (size_t)r->mem.saved_bytes, err);
-    r->ws = r->saved ? dev_alloc(r, (size_t)r->mem.workspace_bytes, err) : NULL;
+    r->saved = dev_alloc(r, (size_t)r->mod.mem.saved_bytes, err);
+    r->ws = r->saved ? dev_alloc(r, (size_t)r->mod.mem.workspace_bytes, err) : NULL;
     r->x = r->ws ? dev_alloc(r, bytes, err) : NULL;
     r->y = r->x ? dev_alloc(r, bytes, err) : NULL;
     r->dy = r->y ? dev_alloc(r, bytes, err) : NULL;
@@ -134,15 +125,11 @@ int mix_open(check_ctx *c, int dtype, int device, mix_run *r, k3rt_error *err)
 
 void mix_close(mix_run *r)
 {
-    ck_params_free(&r->p);
-    if (r->created)
-        module_destroy(&r->m);
     void *bufs[] = {r->saved, r->ws, r->x, r->y, r->dy, r->dx, r->bias, r->d_scores,
                     r->s_in, r->s_out, r->ds_out, r->ds_in};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dev_free(r, bufs[i]);
-    if (r->own_stream)
-        k3rt_stream_destroy(r->s);
+    ck_module_close(&r->mod);
     memset(r, 0, sizeof *r);
 }
 
@@ -164,18 +151,18 @@ void mix_fwd_args(mix_run *r, int training, k3rt_fwd_args *out)
     memset(&a, 0, sizeof a);
     a.struct_size = sizeof a;
     a.training = training;
-    a.stream = r->s;
+    a.stream = r->mod.s;
     a.batch = r->B;
     a.seq = r->T;
     a.x = act(r, r->x);
     a.y = act(r, r->y);
-    a.params = r->p.dev;
-    a.n_params = r->p.n;
+    a.params = r->mod.p.dev;
+    a.n_params = r->mod.p.n;
     a.deterministic = 1;
     a.saved = r->saved;
-    a.saved_bytes = r->mem.saved_bytes;
+    a.saved_bytes = r->mod.mem.saved_bytes;
     a.workspace = r->ws;
-    a.workspace_bytes = r->mem.workspace_bytes;
+    a.workspace_bytes = r->mod.mem.workspace_bytes;
     if (r->has_state) {
         if (r->use_state)
             a.state_in = state_view(r, r->s_in);
@@ -194,11 +181,11 @@ int mix_forward(mix_run *r, int training, k3rt_error *err)
 {
     k3rt_fwd_args a;
     mix_fwd_args(r, training, &a);
-    const plugin_entry *e = r->m.e;
-    int rc = r->kind == K3RT_KIND_MOE ? e->vt.moe.forward(r->m.self, &a, err)
-                                      : e->vt.attention.forward(r->m.self, &a, err);
-    K3RT_TRY(module_fail(&r->m, rc, err));
-    return k3rt_stream_sync(r->s, err);
+    const plugin_entry *e = r->mod.m.e;
+    int rc = r->kind == K3RT_KIND_MOE ? e->vt.moe.forward(r->mod.m.self, &a, err)
+                                      : e->vt.attention.forward(r->mod.m.self, &a, err);
+    K3RT_TRY(module_fail(&r->mod.m, rc, err));
+    return k3rt_stream_sync(r->mod.s, err);
 }
 
 int mix_backward(mix_run *r, k3rt_error *err)
@@ -206,20 +193,20 @@ int mix_backward(mix_run *r, k3rt_error *err)
     k3rt_bwd_args a;
     memset(&a, 0, sizeof a);
     a.struct_size = sizeof a;
-    a.stream = r->s;
+    a.stream = r->mod.s;
     a.batch = r->B;
     a.seq = r->T;
     a.x = act(r, r->x);
     a.dy = act(r, r->dy);
     a.dx = act(r, r->dx);
-    a.params = r->p.dev;
-    a.grads = r->p.grad_dev;
-    a.n_params = r->p.n;
+    a.params = r->mod.p.dev;
+    a.grads = r->mod.p.grad_dev;
+    a.n_params = r->mod.p.n;
     a.deterministic = 1;
     a.saved = r->saved;
-    a.saved_bytes = r->mem.saved_bytes;
+    a.saved_bytes = r->mod.mem.saved_bytes;
     a.workspace = r->ws;
-    a.workspace_bytes = r->mem.workspace_bytes;
+    a.workspace_bytes = r->mod.mem.workspace_bytes;
     if (r->has_state && r->use_state) {
         a.state_in = state_view(r, r->s_in);
         a.d_state_out = state_view(r, r->ds_out);
@@ -228,31 +215,33 @@ int mix_backward(mix_run *r, k3rt_error *err)
     if (r->d_scores)
         a.d_scores = k3rt_tensor_view(r->d_scores, K3RT_F32, r->device, 2, r->B * r->T,
                                       r->experts, 0, 0);
-    const plugin_entry *e = r->m.e;
-    int rc = r->kind == K3RT_KIND_MOE ? e->vt.moe.backward(r->m.self, &a, err)
-                                      : e->vt.attention.backward(r->m.self, &a, err);
-    K3RT_TRY(module_fail(&r->m, rc, err));
-    return k3rt_stream_sync(r->s, err);
+    const plugin_entry *e = r->mod.m.e;
+    int rc = r->kind == K3RT_KIND_MOE ? e->vt.moe.backward(r->mod.m.self, &a, err)
+                                      : e->vt.attention.backward(r->mod.m.self, &a, err);
+    K3RT_TRY(module_fail(&r->mod.m, rc, err));
+    return k3rt_stream_sync(r->mod.s, err);
 }
 
 int mix_reset(mix_run *r, k3rt_error *err)
 {
     size_t bytes = (size_t)r->n * k3rt_dtype_size(r->dtype);
-    for (int i = 0; i < r->p.n; i++)
-        K3RT_TRY(k3rt_memset(r->s, r->p.grad_dev[i].data, r->device, 0,
-                             k3rt_tensor_bytes(&r->p.grad_dev[i]), err));
-    K3RT_TRY(k3rt_memset(r->s, r->y, r->device, 0xFF, bytes, err));
-    K3RT_TRY(k3rt_memset(r->s, r->dx, r->device, 0xFF, bytes, err));
-    if (r->mem.saved_bytes)
-        K3RT_TRY(k3rt_memset(r->s, r->saved, r->device, 0xFF, (size_t)r->mem.saved_bytes, err));
-    if (r->mem.workspace_bytes)
-        K3RT_TRY(k3rt_memset(r->s, r->ws, r->device, 0xFF, (size_t)r->mem.workspace_bytes, err));
+    for (int i = 0; i < r->mod.p.n; i++)
+        K3RT_TRY(k3rt_memset(r->mod.s, r->mod.p.grad_dev[i].data, r->device, 0,
+                             k3rt_tensor_bytes(&r->mod.p.grad_dev[i]), err));
+    K3RT_TRY(k3rt_memset(r->mod.s, r->y, r->device, 0xFF, bytes, err));
+    K3RT_TRY(k3rt_memset(r->mod.s, r->dx, r->device, 0xFF, bytes, err));
+    if (r->mod.mem.saved_bytes)
+        K3RT_TRY(k3rt_memset(r->mod.s, r->saved, r->device, 0xFF,
+                             (size_t)r->mod.mem.saved_bytes, err));
+    if (r->mod.mem.workspace_bytes)
+        K3RT_TRY(k3rt_memset(r->mod.s, r->ws, r->device, 0xFF,
+                             (size_t)r->mod.mem.workspace_bytes, err));
     if (r->has_state) {
         size_t sb = (size_t)r->state_n * k3rt_dtype_size(r->dtype);
-        K3RT_TRY(k3rt_memset(r->s, r->s_out, r->device, 0xFF, sb, err));
-        K3RT_TRY(k3rt_memset(r->s, r->ds_in, r->device, 0xFF, sb, err));
+        K3RT_TRY(k3rt_memset(r->mod.s, r->s_out, r->device, 0xFF, sb, err));
+        K3RT_TRY(k3rt_memset(r->mod.s, r->ds_in, r->device, 0xFF, sb, err));
     }
-    return k3rt_stream_sync(r->s, err);
+    return k3rt_stream_sync(r->mod.s, err);
 }
 
 /* The routing views stay valid until the backward; copy them right after the forward. */
@@ -264,7 +253,7 @@ static int add_routing(mix_run *r, ck_blobs *out, k3rt_error *err)
     for (int i = 0; i < 3; i++)
         if (k3rt_tensor_present(t[i]))
             K3RT_TRY(ck_blobs_add(out, names[i], t[i]->dtype, k3rt_tensor_numel(t[i]),
-                                  t[i]->data, t[i]->device, r->s, err));
+                                  t[i]->data, t[i]->device, r->mod.s, err));
     return K3RT_OK;
 }
 
@@ -272,10 +261,10 @@ int mix_collect(mix_run *r, ck_blobs *out, k3rt_error *err)
 {
     K3RT_TRY(mix_reset(r, err));
     K3RT_TRY(mix_forward(r, 1, err));
-    K3RT_TRY(ck_blobs_add(out, "y", r->dtype, r->n, r->y, r->device, r->s, err));
+    K3RT_TRY(ck_blobs_add(out, "y", r->dtype, r->n, r->y, r->device, r->mod.s, err));
     if (r->has_state)
-        K3RT_TRY(ck_blobs_add(out, "state_out", r->dtype, r->state_n, r->s_out, r->device, r->s,
-                              err));
+        K3RT_TRY(ck_blobs_add(out, "state_out", r->dtype, r->state_n, r->s_out, r->device,
+                              r->mod.s, err));
     if (r->experts > 0)
         K3RT_TRY(add_routing(r, out, err));
     K3RT_TRY(mix_backward(r, err));
@@ -284,15 +273,15 @@ int mix_collect(mix_run *r, ck_blobs *out, k3rt_error *err)
 
 int mix_add_grads(mix_run *r, ck_blobs *out, k3rt_error *err)
 {
-    K3RT_TRY(ck_blobs_add(out, "grad.x", r->dtype, r->n, r->dx, r->device, r->s, err));
+    K3RT_TRY(ck_blobs_add(out, "grad.x", r->dtype, r->n, r->dx, r->device, r->mod.s, err));
     if (r->has_state && r->use_state)
         K3RT_TRY(ck_blobs_add(out, "grad.state_in", r->dtype, r->state_n, r->ds_in, r->device,
-                              r->s, err));
-    for (int i = 0; i < r->p.n; i++) {
+                              r->mod.s, err));
+    for (int i = 0; i < r->mod.p.n; i++) {
         char name[160];
-        snprintf(name, sizeof name, "grad.%s", module_param(&r->m, i)->name);
-        K3RT_TRY(ck_blobs_add(out, name, r->dtype, k3rt_tensor_numel(&r->p.grad_dev[i]),
-                              r->p.grad_dev[i].data, r->device, r->s, err));
+        snprintf(name, sizeof name, "grad.%s", module_param(&r->mod.m, i)->name);
+        K3RT_TRY(ck_blobs_add(out, name, r->dtype, k3rt_tensor_numel(&r->mod.p.grad_dev[i]),
+                              r->mod.p.grad_dev[i].data, r->device, r->mod.s, err));
     }
     return K3RT_OK;
 }

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "cli/check.h"
-#include "plugin/fdcheck.h"
 
 enum { CANARY = 64 };
 
@@ -15,11 +14,7 @@ typedef struct res_run {
     check_ctx *c;
     int dtype, device, S;
     int64_t B, T, d, n;
-    k3rt_stream *s;
-    int own_stream, created;
-    module m;
-    ck_params p;
-    k3rt_memory mem;
+    ck_module mod;  /* the instance, its stream, parameters and memory needs */
     char *saved, *ws, *x0, *out, *dout, *dx0, *xs, *ys, *dys, *dxs;  /* device */
 } res_run;
 
@@ -37,9 +32,6 @@ static char *res_alloc(res_run *r, size_t bytes, k3rt_error *err)
 
 static void res_close(res_run *r)
 {
-    ck_params_free(&r->p);
-    if (r->created)
-        module_destroy(&r->m);
     char *bufs[] = {r->saved, r->ws, r->x0, r->out, r->dout, r->dx0, r->xs, r->ys, r->dys,
                     r->dxs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -47,8 +39,7 @@ static void res_close(res_run *r)
             free(bufs[i]);
         else if (bufs[i])
             k3rt_free(r->device, bufs[i]);
-    if (r->own_stream)
-        k3rt_stream_destroy(r->s);
+    ck_module_close(&r->mod);
     memset(r, 0, sizeof *r);
 }
 
@@ -65,18 +56,7 @@ static int res_open(check_ctx *c, int dtype, int device, res_run *r, k3rt_error 
     memset(r, 0, sizeof *r);
     r->c = c, r->dtype = dtype, r->device = device, r->S = 2 * c->layers;
     r->B = c->B, r->T = c->T, r->d = c->d, r->n = c->B * c->T * c->d;
-    r->s = c->cpu;
-    if (device != K3RT_DEVICE_CPU) {
-        K3RT_TRY(k3rt_stream_create(device, K3RT_STREAM_COMPUTE, &r->s, err));
-        r->own_stream = 1;
-    }
-    k3rt_create_args a;
-    memset(&a, 0, sizeof a);
-    K3RT_TRY(ck_create(c, &r->m, &a, dtype, device, r->s, err));
-    r->created = 1;
-    K3RT_TRY(ck_params_make(c, &r->m, dtype, device, &r->p, err));
-    K3RT_TRY(ck_params_upload(&r->p, r->s, err));
-    K3RT_TRY(module_memory(&r->m, r->B, r->T, &r->mem, err));
+    K3RT_TRY(ck_module_open(c, dtype, device, &r->mod, err));
     size_t nb = (size_t)r->n * k3rt_dtype_size(dtype);
     char **bufs[] = {&r->x0, &r->out, &r->dout, &r->dx0, &r->dys, &r->dxs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -84,8 +64,8 @@ static int res_open(check_ctx *c, int dtype, int device, res_run *r, k3rt_error 
             return err->code;
     if (!(r->xs = res_alloc(r, (size_t)r->S * nb, err)) ||
         !(r->ys = res_alloc(r, (size_t)r->S * nb, err)) ||
-        !(r->saved = res_alloc(r, (size_t)r->mem.saved_bytes, err)) ||
-        !(r->ws = res_alloc(r, (size_t)r->mem.workspace_bytes, err)))
+        !(r->saved = res_alloc(r, (size_t)r->mod.mem.saved_bytes, err)) ||
+        !(r->ws = res_alloc(r, (size_t)r->mod.mem.workspace_bytes, err)))
         return err->code;
     void *h = ck_alloc(dtype, r->n);
     if (!h)
@@ -93,10 +73,10 @@ static int res_open(check_ctx *c, int dtype, int device, res_run *r, k3rt_error 
     k3rt_rng rng;
     k3rt_rng_seed(&rng, c->seed, 0x7e51ull);
     ck_randn(h, dtype, r->n, 1.0, &rng);
-    int rc = ck_copy(r->s, r->x0, device, h, K3RT_DEVICE_CPU, nb, err);
+    int rc = ck_copy(r->mod.s, r->x0, device, h, K3RT_DEVICE_CPU, nb, err);
     ck_randn(h, dtype, r->n, 1.0, &rng);
     if (!rc)
-        rc = ck_copy(r->s, r->dout, device, h, K3RT_DEVICE_CPU, nb, err);
+        rc = ck_copy(r->mod.s, r->dout, device, h, K3RT_DEVICE_CPU, nb, err);
     free(h);
     return rc;
 }
@@ -106,48 +86,50 @@ static k3rt_residual_args res_args(res_run *r, int s, char *t, int backward)
     k3rt_residual_args a;
     memset(&a, 0, sizeof a);
     a.struct_size = sizeof a;
-    a.stream = r->s;
+    a.stream = r->mod.s;
     a.batch = r->B;
     a.seq = r->T;
     a.sublayer = s;
     a.n_sublayers = r->S;
     a.t = k3rt_tensor_view(t, r->dtype, r->device, 3, r->B, r->T, r->d, 0);
-    a.params = r->p.dev;
-    a.grads = backward ? r->p.grad_dev : NULL;
-    a.n_params = r->p.n;
+    a.params = r->mod.p.dev;
+    a.grads = backward ? r->mod.p.grad_dev : NULL;
+    a.n_params = r->mod.p.n;
     a.training = 1;
     a.deterministic = 1;
     a.saved = r->saved;
-    a.saved_bytes = r->mem.saved_bytes;
+    a.saved_bytes = r->mod.mem.saved_bytes;
     a.workspace = r->ws;
-    a.workspace_bytes = r->mem.workspace_bytes;
+    a.workspace_bytes = r->mod.mem.workspace_bytes;
     return a;
 }
 
 #define RES_CALL(fn, args) \
-    K3RT_TRY(module_fail(&r->m, r->m.e->vt.residual.fn(r->m.self, &(args), err), err))
+    K3RT_TRY(module_fail(&r->mod.m, r->mod.m.e->vt.residual.fn(r->mod.m.self, &(args), err), err))
 
 /* One forward and backward of the toy stack from poisoned outputs and zeroed gradients;
  * collects out, the embedding gradient and every parameter gradient. */
 static int res_collect(res_run *r, ck_blobs *o, k3rt_error *err)
 {
     size_t nb = (size_t)r->n * k3rt_dtype_size(r->dtype);
-    K3RT_TRY(ck_params_upload(&r->p, r->s, err));
+    K3RT_TRY(ck_params_upload(&r->mod.p, r->mod.s, err));
     char *poison[] = {r->out, r->dx0, r->xs, r->dxs};
     size_t sizes[] = {nb, nb, (size_t)r->S * nb, nb};
     for (int i = 0; i < 4; i++)
-        K3RT_TRY(k3rt_memset(r->s, poison[i], r->device, 0xFF, sizes[i], err));
-    if (r->mem.saved_bytes)
-        K3RT_TRY(k3rt_memset(r->s, r->saved, r->device, 0xFF, (size_t)r->mem.saved_bytes, err));
-    if (r->mem.workspace_bytes)
-        K3RT_TRY(k3rt_memset(r->s, r->ws, r->device, 0xFF, (size_t)r->mem.workspace_bytes, err));
+        K3RT_TRY(k3rt_memset(r->mod.s, poison[i], r->device, 0xFF, sizes[i], err));
+    if (r->mod.mem.saved_bytes)
+        K3RT_TRY(k3rt_memset(r->mod.s, r->saved, r->device, 0xFF,
+                             (size_t)r->mod.mem.saved_bytes, err));
+    if (r->mod.mem.workspace_bytes)
+        K3RT_TRY(k3rt_memset(r->mod.s, r->ws, r->device, 0xFF,
+                             (size_t)r->mod.mem.workspace_bytes, err));
     k3rt_residual_args a = res_args(r, 0, r->x0, 0);
     RES_CALL(begin, a);
     for (int s = 0; s < r->S; s++) {
         char *xs = r->xs + s * nb, *ys = r->ys + s * nb;
         a = res_args(r, s, xs, 0);
         RES_CALL(mix, a);
-        K3RT_TRY(k3rt_act_fwd(r->s, r->dtype, K3RT_ACT_TANH, xs, ys, r->n, err));
+        K3RT_TRY(k3rt_act_fwd(r->mod.s, r->dtype, K3RT_ACT_TANH, xs, ys, r->n, err));
         a = res_args(r, s, ys, 0);
         RES_CALL(push, a);
     }
@@ -157,44 +139,37 @@ static int res_collect(res_run *r, ck_blobs *o, k3rt_error *err)
     RES_CALL(finish_backward, a);
     for (int s = r->S - 1; s >= 0; s--) {
         char *xs = r->xs + s * nb;
-        K3RT_TRY(k3rt_memset(r->s, r->dys, r->device, 0xFF, nb, err));
+        K3RT_TRY(k3rt_memset(r->mod.s, r->dys, r->device, 0xFF, nb, err));
         a = res_args(r, s, r->dys, 1);
         RES_CALL(push_backward, a);
-        K3RT_TRY(k3rt_act_bwd(r->s, r->dtype, K3RT_ACT_TANH, xs, r->dys, r->dxs, r->n, 0, err));
+        K3RT_TRY(k3rt_act_bwd(r->mod.s, r->dtype, K3RT_ACT_TANH, xs, r->dys, r->dxs, r->n, 0, err));
         a = res_args(r, s, r->dxs, 1);
         a.sublayer_input = k3rt_tensor_view(xs, r->dtype, r->device, 3, r->B, r->T, r->d, 0);
         RES_CALL(mix_backward, a);
     }
     a = res_args(r, 0, r->dx0, 1);
     RES_CALL(begin_backward, a);
-    K3RT_TRY(k3rt_stream_sync(r->s, err));
-    K3RT_TRY(ck_blobs_add(o, "out", r->dtype, r->n, r->out, r->device, r->s, err));
-    K3RT_TRY(ck_blobs_add(o, "grad.embedding", r->dtype, r->n, r->dx0, r->device, r->s, err));
-    for (int i = 0; i < r->p.n; i++) {
-        const k3rt_param_decl *d = module_param(&r->m, i);
+    K3RT_TRY(k3rt_stream_sync(r->mod.s, err));
+    K3RT_TRY(ck_blobs_add(o, "out", r->dtype, r->n, r->out, r->device, r->mod.s, err));
+    K3RT_TRY(ck_blobs_add(o, "grad.embedding", r->dtype, r->n, r->dx0, r->device, r->mod.s, err));
+    for (int i = 0; i < r->mod.p.n; i++) {
+        const k3rt_param_decl *d = module_param(&r->mod.m, i);
         char name[192];
         if (d->layer >= 0)
             snprintf(name, sizeof name, "grad.layers.%d.%s", d->layer, d->name);
         else
             snprintf(name, sizeof name, "grad.%s", d->name);
-        K3RT_TRY(ck_blobs_add(o, name, r->dtype, k3rt_tensor_numel(&r->p.grad_dev[i]),
-                              r->p.grad_dev[i].data, r->device, r->s, err));
+        K3RT_TRY(ck_blobs_add(o, name, r->dtype, k3rt_tensor_numel(&r->mod.p.grad_dev[i]),
+                              r->mod.p.grad_dev[i].data, r->device, r->mod.s, err));
     }
     return K3RT_OK;
 }
 
 static void check_gradients(check_ctx *c)
 {
-    if (!(c->e->desc.caps & K3RT_CAP_F64)) {
-        ck_report(c, CK_SKIP, "gradients", "finite differences need the double-precision CPU "
-                  "path (K3RT_CAP_F64)");
-        return;
-    }
     fd_options o;
-    memset(&o, 0, sizeof o);
-    o.batch = c->B, o.seq = c->T, o.d_model = c->d, o.vocab = c->vocab;
-    o.n_layers = c->layers, o.seed = c->seed, o.samples = c->samples;
-    o.eps = c->fd_eps, o.tol = c->tol, o.stencil = 4, o.threads = 1;  /* many tiny calls */
+    if (!ck_fd_options(c, &o))
+        return;
     fd_result r;
     k3rt_error err = {0};
     if (fd_check_residual(c->e, c->config, &o, &r, &err)) {
@@ -232,8 +207,8 @@ static void check_runs(check_ctx *c)
             snprintf(buf, sizeof buf, "%s %s is not finite, with outputs, saved and workspace "
                      "filled with NaN bytes first", k3rt_dtype_name(dtypes[i]), where);
             why = buf;
-        } else if (!canary_ok(a.saved, a.mem.saved_bytes) ||
-                   !canary_ok(a.ws, a.mem.workspace_bytes)) {
+        } else if (!canary_ok(a.saved, a.mod.mem.saved_bytes) ||
+                   !canary_ok(a.ws, a.mod.mem.workspace_bytes)) {
             why = "writes beyond the saved or workspace bytes that memory() declared";
         } else if (ck_blobs_differ(&a1, &a2, where, sizeof where) ||
                    ck_blobs_differ(&a1, &b1, where, sizeof where)) {

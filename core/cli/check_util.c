@@ -232,6 +232,49 @@ int ck_params_download_grads(ck_params *p, k3rt_stream *s, k3rt_error *err)
     return K3RT_OK;
 }
 
+/* ---- one instance ------------------------------------------------------------------------ */
+
+int ck_module_open(check_ctx *c, int dtype, int device, ck_module *o, k3rt_error *err)
+{
+    memset(o, 0, sizeof *o);
+    o->s = c->cpu;
+    if (device != K3RT_DEVICE_CPU) {
+        K3RT_TRY(k3rt_stream_create(device, K3RT_STREAM_COMPUTE, &o->s, err));
+        o->own_stream = 1;
+    }
+    k3rt_create_args a;
+    memset(&a, 0, sizeof a);
+    K3RT_TRY(ck_create(c, &o->m, &a, dtype, device, o->s, err));
+    o->created = 1;
+    K3RT_TRY(ck_params_make(c, &o->m, dtype, device, &o->p, err));
+    K3RT_TRY(ck_params_upload(&o->p, o->s, err));
+    return module_memory(&o->m, c->B, c->T, &o->mem, err);
+}
+
+int ck_fd_options(check_ctx *c, fd_options *o)
+{
+    if (!(c->e->desc.caps & K3RT_CAP_F64)) {
+        ck_report(c, CK_SKIP, "gradients", "finite differences need the double-precision CPU "
+                  "path (K3RT_CAP_F64)");
+        return 0;
+    }
+    memset(o, 0, sizeof *o);
+    o->batch = c->B, o->seq = c->T, o->d_model = c->d, o->vocab = c->vocab;
+    o->n_layers = c->layers, o->seed = c->seed, o->samples = c->samples;
+    o->eps = c->fd_eps, o->tol = c->tol, o->stencil = 4, o->threads = 1; /* many tiny calls */
+    return 1;
+}
+
+void ck_module_close(ck_module *o)
+{
+    ck_params_free(&o->p);
+    if (o->created)
+        module_destroy(&o->m);
+    if (o->own_stream)
+        k3rt_stream_destroy(o->s);
+    memset(o, 0, sizeof *o);
+}
+
 /* ---- output blobs -------------------------------------------------------------------------- */
 
 int ck_blobs_add(ck_blobs *o, const char *name, int dtype, int64_t n, const void *src,
