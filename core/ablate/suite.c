@@ -39,21 +39,6 @@ static int evaluate(lua_State *L)
     return 0;
 }
 
-static int check_keys(const json_t *obj, const char *const *names, int n, const char *what,
-                      k3rt_error *err)
-{
-    const char *key;
-    json_t *v;
-    json_object_foreach((json_t *)obj, key, v) {
-        int known = 0;
-        for (int i = 0; i < n && !known; i++)
-            known = !strcmp(key, names[i]);
-        if (!known)
-            return schema_unknown_key(what, key, names, n, err);
-    }
-    return K3RT_OK;
-}
-
 static int string_of(const json_t *obj, const char *key, const char *what, char *buf,
                      size_t len, int required, k3rt_error *err)
 {
@@ -113,7 +98,7 @@ static int add_variant(ablate_suite *s, const json_t *v, const char *what, k3rt_
     if (!json_is_object(v))
         return k3rt_fail(err, K3RT_ERR_INVALID, "%s: expected a table { name = \"...\", set = "
                          "{ ... } }, got %s", what, schema_json_kind(v));
-    K3RT_TRY(check_keys(v, KEYS, 2, what, err));
+    K3RT_TRY(schema_check_keys(v, KEYS, 2, what, err));
     ablate_variant *av = &s->variants[s->n_variants++];
     K3RT_TRY(string_of(v, "name", what, av->name, sizeof av->name, 1, err));
     if (!valid_name(av->name) || !strcmp(av->name, ".") || !strcmp(av->name, ".."))
@@ -130,7 +115,7 @@ static int build(ablate_suite *s, const json_t *root, k3rt_error *err)
 {
     static const char *const KEYS[] = {"name", "base", "base_name", "description", "set",
                                        "variants"};
-    K3RT_TRY(check_keys(root, KEYS, 6, "suite", err));
+    K3RT_TRY(schema_check_keys(root, KEYS, 6, "suite", err));
     fs_stem(s->name, sizeof s->name, s->path);
     K3RT_TRY(string_of(root, "name", "suite", s->name, sizeof s->name, 0, err));
     if (!valid_name(s->name))

@@ -116,7 +116,7 @@ static int section_names(const section *s, const char **names, int max)
     return n;
 }
 
-static int check_keys(const json_t *obj, const char *const *names, int n, const char *what,
+int schema_check_keys(const json_t *obj, const char *const *names, int n, const char *what,
                       k3rt_error *err)
 {
     const char *key;
@@ -158,7 +158,7 @@ int sch_section_scalars(schema_ctx *c, const char *section_name, const json_t *r
     const char *names[64];
     int n = section_names(s, names, 64);
     if (raw)
-        K3RT_TRY(check_keys(raw, names, n, s->name, c->err));
+        K3RT_TRY(schema_check_keys(raw, names, n, s->name, c->err));
     json_t *cfg = json_object();
     for (int i = 0; raw && i < s->n_opts; i++) {
         json_t *v = json_object_get(raw, s->opts[i].name);
@@ -207,7 +207,7 @@ static int train_changes(schema_ctx *c, const json_t *raw, json_t **out)
         snprintf(bwhat, sizeof bwhat, "%s.balancer", what);
         int rc = (!json_is_object(item) || raw_doc_spec(c->raw, item))
                      ? sch_not_a_table(c, what, item)
-                     : check_keys(item, CHANGE_KEYS, COUNT(CHANGE_KEYS), what, c->err);
+                     : schema_check_keys(item, CHANGE_KEYS, COUNT(CHANGE_KEYS), what, c->err);
         json_t *step = NULL, *bal = NULL;
         if (!rc) {
             step = json_pack("{s:O*}", "step", json_object_get(item, "step"));
@@ -279,7 +279,7 @@ int schema_build(const raw_doc *raw, registry *reg, const char *stem, json_t **d
     schema_ctx c = {raw, reg, pos, err};
     snprintf(pos, SANDBOX_POS_MAX, "%s", raw->pos);
     const json_t *root = raw->root;
-    K3RT_TRY(check_keys(root, ROOT_KEYS, COUNT(ROOT_KEYS), "top level", err));
+    K3RT_TRY(schema_check_keys(root, ROOT_KEYS, COUNT(ROOT_KEYS), "top level", err));
     const json_t *model = json_object_get(root, "model");
     if (!model)
         return k3rt_fail(err, K3RT_ERR_INVALID, "top level: missing required section "
@@ -334,7 +334,7 @@ int schema_changes(const raw_doc *raw, registry *reg, json_t **changes, char *po
         return k3rt_fail(err, K3RT_ERR_INVALID, "on_step must return nil or a table such as "
                          "{ balancer = k3.NAME{...} }, got %s",
                          raw_doc_spec(raw, root) ? "a plugin spec" : schema_json_kind(root));
-    K3RT_TRY(check_keys(root, ON_STEP_KEYS, COUNT(ON_STEP_KEYS), "on_step result", err));
+    K3RT_TRY(schema_check_keys(root, ON_STEP_KEYS, COUNT(ON_STEP_KEYS), "on_step result", err));
     const json_t *b = json_object_get(root, "balancer");
     if (!b)
         return K3RT_OK;

@@ -52,5 +52,8 @@ int schema_plugin_names(const plugin_entry *e, const char **names, int max);
 /* The "unknown key" message shared by every level: nearest valid key or the list of them. */
 int schema_unknown_key(const char *what, const char *key, const char *const *names, int n,
                        k3rt_error *err);
+/* Every key of the JSON object obj is one of names[0..n); else that message for the first. */
+int schema_check_keys(const json_t *obj, const char *const *names, int n, const char *what,
+                      k3rt_error *err);
 
 #endif

@@ -25,6 +25,15 @@ const char *k3rt_dtype_name(int dtype)
     return valid_dtype(dtype) ? g_dtypes[dtype].name : "invalid";
 }
 
+const char *k3rt_device_str(int device, char *buf, size_t len)
+{
+    if (device == K3RT_DEVICE_CPU)
+        snprintf(buf, len, "the CPU");
+    else
+        snprintf(buf, len, "cuda:%d", device);
+    return buf;
+}
+
 int k3rt_dtype_from_name(const char *name)
 {
     for (int i = 1; i < K3RT_DTYPE_COUNT_; i++)

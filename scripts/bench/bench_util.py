@@ -1,6 +1,26 @@
-"""What the PyTorch sides of the GPU benchmarks share: reading the C drivers' key=value lines
-and the timing loop (CUDA events around each run after warm-up; the median in milliseconds)."""
+"""What the PyTorch sides of the GPU benchmarks share: running a C driver and reading its
+key=value lines, and the timing loop (CUDA events around each run after warm-up; the median in
+milliseconds)."""
+import os
+import subprocess
+import sys
+
 import torch
+
+
+def run_driver(cmd):
+    """Runs a C driver (echoing its output) with k3rt's library path, which only it gets
+    (PyTorch keeps the image's libraries); returns the dicts of its "op=" lines."""
+    print("running", " ".join(cmd), flush=True)
+    env = dict(os.environ)
+    if os.environ.get("K3RT_BENCH_LD_LIBRARY_PATH"):
+        env["LD_LIBRARY_PATH"] = os.environ["K3RT_BENCH_LD_LIBRARY_PATH"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    sys.stdout.write(proc.stdout)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        sys.exit(f"{os.path.basename(cmd[0])} failed with status {proc.returncode}")
+    return [parse_line(l) for l in proc.stdout.splitlines() if l.startswith("op=")]
 
 
 def parse_line(line):

@@ -20,12 +20,10 @@ torch.linalg.vector_norm (fp32 accumulation, where k3rt's sum of squares accumul
 import argparse
 import json
 import os
-import subprocess
-import sys
 
 import torch
 
-from bench_util import median_ms, parse_line
+from bench_util import median_ms, run_driver
 import torch.nn.functional as F
 
 COPY_BW_DEFAULT = 4.2e12  # bytes/s, device-to-device copy measured on this H200 (read + write)
@@ -131,16 +129,7 @@ def main():
     cmd = [a.bench, "--runs", str(a.runs), "--warmup", str(a.warmup)]
     if a.only:
         cmd += ["--only", a.only]
-    print("running", " ".join(cmd), flush=True)
-    env = dict(os.environ)
-    if os.environ.get("K3RT_BENCH_LD_LIBRARY_PATH"):  # k3rt's libraries, for the driver only
-        env["LD_LIBRARY_PATH"] = os.environ["K3RT_BENCH_LD_LIBRARY_PATH"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    sys.stdout.write(proc.stdout)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        sys.exit(f"bench_gpu_ops failed with status {proc.returncode}")
-    rows = [parse_line(l) for l in proc.stdout.splitlines() if l.startswith("op=")]
+    rows = run_driver(cmd)
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -25,12 +25,10 @@ Results, with the date, GPU and command, are in docs/PERFORMANCE.md.
 import argparse
 import json
 import os
-import subprocess
-import sys
 
 import torch
 
-from bench_util import median_ms, parse_line
+from bench_util import median_ms, run_driver
 import torch.nn.functional as F
 
 BF = torch.bfloat16
@@ -110,16 +108,7 @@ def main():
     cmd = [a.bench, "--runs", str(a.runs), "--warmup", str(a.warmup)]
     for s in a.shape:
         cmd += ["--shape", s]
-    print("running", " ".join(cmd), flush=True)
-    env = dict(os.environ)
-    if os.environ.get("K3RT_BENCH_LD_LIBRARY_PATH"):  # k3rt's libraries, for the driver only
-        env["LD_LIBRARY_PATH"] = os.environ["K3RT_BENCH_LD_LIBRARY_PATH"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    sys.stdout.write(proc.stdout)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        sys.exit(f"bench_mla_attention failed with status {proc.returncode}")
-    rows = [parse_line(l) for l in proc.stdout.splitlines() if l.startswith("op=")]
+    rows = run_driver(cmd)
 
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "

@@ -148,9 +148,8 @@ extern "C" int cuda_embedding_fwd(k3rt_stream *s, int dtype, const void *table,
     if (n == 0 || d == 0)
         return K3RT_OK;
     cuda_stream_ctx *ctx;
-    K3RT_TRY(cu_enter(s, &ctx, err));
     cu_index_record *rec;
-    K3RT_TRY(cu_index_record_get(ctx->device, &rec, err));
+    K3RT_TRY(cu_enter_indexed(s, &ctx, &rec, err));
     if (dtype == K3RT_BF16)
         return fwd_t<bf16>(ctx, (const bf16 *)table, tokens, (bf16 *)out, n, vocab, d, rec, err);
     return fwd_t<float>(ctx, (const float *)table, tokens, (float *)out, n, vocab, d, rec, err);
@@ -164,9 +163,8 @@ extern "C" int cuda_embedding_bwd(k3rt_stream *s, int dtype, const int32_t *toke
     if (n == 0 || d == 0)
         return K3RT_OK;
     cuda_stream_ctx *ctx;
-    K3RT_TRY(cu_enter(s, &ctx, err));
     cu_index_record *rec;
-    K3RT_TRY(cu_index_record_get(ctx->device, &rec, err));
+    K3RT_TRY(cu_enter_indexed(s, &ctx, &rec, err));
     if (dtype == K3RT_BF16)
         return bwd_t<bf16>(ctx, tokens, (const bf16 *)dout, (float *)dtable, n, vocab, d, rec,
                            err);

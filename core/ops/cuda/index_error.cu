@@ -35,6 +35,13 @@ int cu_index_record_get(int device, cu_index_record **rec, k3rt_error *err)
     return K3RT_OK;
 }
 
+int cu_enter_indexed(k3rt_stream *s, cuda_stream_ctx **c, cu_index_record **rec,
+                     k3rt_error *err)
+{
+    K3RT_TRY(cu_enter(s, c, err));
+    return cu_index_record_get((*c)->device, rec, err);
+}
+
 static const char *index_op_name(int op)
 {
     switch (op) {

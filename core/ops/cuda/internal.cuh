@@ -165,6 +165,9 @@ struct cu_index_record {
     long long position, value, limit;
 };
 int cu_index_record_get(int device, cu_index_record **rec, k3rt_error *err);
+// cu_enter, then the record of the stream's device: the start of every op that reads indices.
+int cu_enter_indexed(k3rt_stream *s, cuda_stream_ctx **c, cu_index_record **rec,
+                     k3rt_error *err);
 
 __device__ __forceinline__ void report_bad_index(cu_index_record *rec, int op, int64_t pos,
                                                  int64_t value, int64_t limit)

@@ -171,9 +171,8 @@ extern "C" int cuda_xent_fwd(k3rt_stream *s, int dtype, const void *logits,
     if (n == 0)
         return K3RT_OK;
     cuda_stream_ctx *ctx;
-    K3RT_TRY(cu_enter(s, &ctx, err));
     cu_index_record *rec;
-    K3RT_TRY(cu_index_record_get(ctx->device, &rec, err));
+    K3RT_TRY(cu_enter_indexed(s, &ctx, &rec, err));
     if (dtype == K3RT_BF16)
         return fwd_t<bf16>(ctx, (const bf16 *)logits, targets, (float *)loss, (float *)lse, n, v,
                            rec, err);
@@ -189,9 +188,8 @@ extern "C" int cuda_xent_bwd(k3rt_stream *s, int dtype, const void *logits,
     if (n == 0)
         return K3RT_OK;
     cuda_stream_ctx *ctx;
-    K3RT_TRY(cu_enter(s, &ctx, err));
     cu_index_record *rec;
-    K3RT_TRY(cu_index_record_get(ctx->device, &rec, err));
+    K3RT_TRY(cu_enter_indexed(s, &ctx, &rec, err));
     if (dtype == K3RT_BF16)
         return bwd_t<bf16>(ctx, (const bf16 *)logits, targets, (const float *)lse, (float)scale,
                            (bf16 *)dlogits, n, v, rec, err);

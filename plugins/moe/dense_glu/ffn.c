@@ -18,15 +18,6 @@
 
 #include <stdio.h>
 
-static const char *device_str(int device, char *buf, size_t len)
-{
-    if (device == K3RT_DEVICE_CPU)
-        snprintf(buf, len, "the CPU");
-    else
-        snprintf(buf, len, "cuda:%d", device);
-    return buf;
-}
-
 /* t has the dtype and shape, and lives on the instance's device: a host pointer handed to a
  * CUDA kernel (or the reverse) would fault instead of failing. */
 static int expect(const dense_glu *f, const k3rt_tensor *t, const char *what, int dtype,
@@ -36,8 +27,8 @@ static int expect(const dense_glu *f, const k3rt_tensor *t, const char *what, in
     if (t->device != f->device) {
         char have[32], want[32];
         return k3rt_fail(err, K3RT_ERR_INVALID, "%s: on %s, but the instance runs on %s", what,
-                         device_str(t->device, have, sizeof have),
-                         device_str(f->device, want, sizeof want));
+                         k3rt_device_str(t->device, have, sizeof have),
+                         k3rt_device_str(f->device, want, sizeof want));
     }
     return K3RT_OK;
 }
@@ -69,9 +60,9 @@ static int check_shapes(const dense_glu *f, k3rt_stream *s, const k3rt_tensor *x
     if (k3rt_stream_device(s) != f->device) {
         char have[32], want[32];
         return k3rt_fail(err, K3RT_ERR_INVALID, "dense_glu: called with a stream of %s, but "
-                         "the instance runs on %s", device_str(k3rt_stream_device(s), have,
-                                                               sizeof have),
-                         device_str(f->device, want, sizeof want));
+                         "the instance runs on %s",
+                         k3rt_device_str(k3rt_stream_device(s), have, sizeof have),
+                         k3rt_device_str(f->device, want, sizeof want));
     }
     const int64_t act[3] = {B, T, f->d};
     K3RT_TRY(expect(f, x, "dense_glu x", f->dtype, 3, act, err));

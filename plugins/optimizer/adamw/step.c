@@ -10,15 +10,6 @@
 
 #include <stdio.h>
 
-static const char *device_str(int device, char *buf, size_t len)
-{
-    if (device == K3RT_DEVICE_CPU)
-        snprintf(buf, len, "the CPU");
-    else
-        snprintf(buf, len, "cuda:%d", device);
-    return buf;
-}
-
 static int check_param(const adamw *o, const adamw_param *p, const k3rt_param_ref *ref,
                        k3rt_error *err)
 {
@@ -39,9 +30,9 @@ static int check_param(const adamw *o, const adamw_param *p, const k3rt_param_re
         char w[32], g[32], want[32];
         return k3rt_fail(err, K3RT_ERR_INVALID, "adamw: parameter %s: weights on %s and "
                          "gradient on %s, but the optimizer state lives on %s", p->name,
-                         device_str(ref->param.device, w, sizeof w),
-                         device_str(ref->grad.device, g, sizeof g),
-                         device_str(o->device, want, sizeof want));
+                         k3rt_device_str(ref->param.device, w, sizeof w),
+                         k3rt_device_str(ref->grad.device, g, sizeof g),
+                         k3rt_device_str(o->device, want, sizeof want));
     }
     return K3RT_OK;
 }
@@ -59,8 +50,8 @@ int adamw_step(void *self, const k3rt_optimizer_step *a, k3rt_error *err)
         char have[32], want[32];
         return k3rt_fail(err, K3RT_ERR_INVALID, "adamw: step on a stream of %s, but the "
                          "optimizer state lives on %s",
-                         device_str(k3rt_stream_device(a->stream), have, sizeof have),
-                         device_str(o->device, want, sizeof want));
+                         k3rt_device_str(k3rt_stream_device(a->stream), have, sizeof have),
+                         k3rt_device_str(o->device, want, sizeof want));
     }
     /* The engine's count wins (it survives resumes that skip or repeat steps); our own
      * count is the fallback when none is given. */

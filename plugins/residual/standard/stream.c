@@ -16,23 +16,14 @@
 
 enum { SLOT_H = 0, SLOT_DH = 1 };
 
-static const char *device_str(int device, char *buf, size_t len)
-{
-    if (device == K3RT_DEVICE_CPU)
-        snprintf(buf, len, "the CPU");
-    else
-        snprintf(buf, len, "cuda:%d", device);
-    return buf;
-}
-
 static int on_device(const standard_residual *r, int device, const char *what, k3rt_error *err)
 {
     if (device == r->device)
         return K3RT_OK;
     char have[32], want[32];
     return k3rt_fail(err, K3RT_ERR_INVALID, "%s: on %s, but the instance runs on %s", what,
-                     device_str(device, have, sizeof have),
-                     device_str(r->device, want, sizeof want));
+                     k3rt_device_str(device, have, sizeof have),
+                     k3rt_device_str(r->device, want, sizeof want));
 }
 
 /* A [B, T, d] tensor of the run's dtype on the instance's device (a host pointer handed to a

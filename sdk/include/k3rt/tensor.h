@@ -47,6 +47,8 @@ K3RT_API size_t k3rt_dtype_size(int dtype);            /* 0 for an invalid dtype
 K3RT_API const char *k3rt_dtype_name(int dtype);       /* "f32", "bf16", ... */
 K3RT_API int k3rt_dtype_from_name(const char *name);   /* K3RT_DTYPE_INVALID if unknown */
 K3RT_API int k3rt_dtype_is_float(int dtype);
+/* The device in words for messages, written into buf: "the CPU" or "cuda:N". Returns buf. */
+K3RT_API const char *k3rt_device_str(int device, char *buf, size_t len);
 
 K3RT_API int64_t k3rt_tensor_numel(const k3rt_tensor *t);
 K3RT_API size_t k3rt_tensor_bytes(const k3rt_tensor *t);
