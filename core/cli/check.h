@@ -12,9 +12,9 @@
 #include <jansson.h>
 #include <k3rt/k3rt.h>
 
-#include "model/module.h"
 #include "plugin/fdcheck.h"
 #include "plugin/registry.h"
+#include "plugin/rig.h"
 
 enum { CK_PASS = 0, CK_FAIL = 1, CK_SKIP = 2 };
 
@@ -40,9 +40,9 @@ void ck_report(check_ctx *c, int status, const char *name, const char *fmt, ...)
 /* FAIL with the error's message; returns 1 so callers can `return ck_error(...)`. */
 int ck_error(check_ctx *c, const char *name, const k3rt_error *err);
 
-/* module_create with the shapes of c; the rest of the arguments are the caller's. A NULL
+/* rig_create with the shapes of c; the rest of the arguments are the caller's. A NULL
  * stream means c->cpu. */
-int ck_create(check_ctx *c, module *m, k3rt_create_args *a, int dtype, int device,
+int ck_create(check_ctx *c, rig *m, k3rt_create_args *a, int dtype, int device,
               k3rt_stream *s, k3rt_error *err);
 /* Every CPU dtype the plugin declares, f64 first: K3RT_F64 and/or K3RT_F32. */
 int ck_cpu_dtypes(const check_ctx *c, int dtypes[2]);
@@ -61,29 +61,29 @@ int ck_finite(const void *x, int dtype, int64_t n);
 int ck_copy(k3rt_stream *s, void *dst, int dst_device, const void *src, int src_device,
             size_t bytes, k3rt_error *err);
 
-/* The parameters of a module as host tensors of dtype, initialised as declared (plus jitter
- * for constant inits, so that their gradients are exercised), optionally mirrored on a device. */
+/* The parameters of an instance as host tensors of its dtype (gradients of its grad dtype),
+ * initialised as declared (plus jitter for constant inits, so that their gradients are
+ * exercised), mirrored on its device. */
 typedef struct ck_params {
-    int n, dtype, device;
+    int n, dtype, grad_dtype, device;
     k3rt_tensor *host, *dev, *grad_host, *grad_dev;
 } ck_params;
-int ck_params_make(check_ctx *c, module *m, int dtype, int device, ck_params *p,
-                   k3rt_error *err);
+int ck_params_make(check_ctx *c, rig *m, ck_params *p, k3rt_error *err);
 void ck_params_free(ck_params *p);
 /* Sends the host values to the device (no-op on the CPU) and zeroes the gradients. */
 int ck_params_upload(ck_params *p, k3rt_stream *s, k3rt_error *err);
 int ck_params_download_grads(ck_params *p, k3rt_stream *s, k3rt_error *err);
 
 /* One instance of the checked plugin ready to call: created on `device` in `dtype` on the
- * context's CPU stream or, for a CUDA device, a stream of its own; its parameters made and
- * uploaded; its memory needs at the check's shape. Close frees what open got, however far it
- * got. */
+ * context's CPU stream or, for a CUDA device, a stream of its own; its parameters made,
+ * uploaded and bound; its saved parts and workspace allocated at the check's shape (guarded on
+ * the CPU: rig_guards_ok tells whether a call wrote past them). Close frees what open got,
+ * however far it got. */
 typedef struct ck_module {
     k3rt_stream *s;
     int own_stream, created;
-    module m;
+    rig m;
     ck_params p;
-    k3rt_memory mem;
 } ck_module;
 int ck_module_open(check_ctx *c, int dtype, int device, ck_module *o, k3rt_error *err);
 void ck_module_close(ck_module *o);
@@ -119,7 +119,7 @@ int ck_blobs_nonfinite(const ck_blobs *a, char *where, size_t len);
 /* Copies every state() tensor of `from` into the same-named tensor of `to` (shapes and dtypes
  * must agree), then calls to's state_loaded(): what a checkpoint save and load do. *n receives
  * the number of tensors. */
-int ck_state_copy(module *from, module *to, k3rt_stream *s, int *n, k3rt_error *err);
+int ck_state_copy(rig *from, rig *to, k3rt_stream *s, int *n, k3rt_error *err);
 
 /* Checks common to every kind (check_common.c). */
 void ck_descriptor(check_ctx *c);

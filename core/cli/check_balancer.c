@@ -18,22 +18,22 @@ typedef struct bal_run {
     k3rt_stream *s;
     k3rt_comm **world;        /* a one-rank local world unless dp was given */
     k3rt_comm *dp;
-    module m;
+    rig m;
     k3rt_rng rng;             /* the synthetic data */
     float *scores, *ds, *bias;
     int32_t *sel;
     int64_t *counts;
-    void *scores_d, *sel_d, *ds_d;  /* device copies (the host buffers on the CPU) */
+    void *scores_d, *sel_d, *ds_d, *counts_d;  /* device copies (the host buffers on the CPU) */
     double loss;              /* auxiliary loss of the last micro-batch */
 } bal_run;
 
 static void bal_close(bal_run *r)
 {
     if (r->created)
-        module_destroy(&r->m);
+        rig_destroy(&r->m);
     if (r->device != K3RT_DEVICE_CPU) {
-        void *d[3] = {r->scores_d, r->sel_d, r->ds_d};
-        for (int i = 0; i < 3; i++)
+        void *d[4] = {r->scores_d, r->sel_d, r->ds_d, r->counts_d};
+        for (int i = 0; i < 4; i++)
             if (d[i])
                 k3rt_free(r->device, d[i]);
     }
@@ -76,13 +76,14 @@ static int bal_open(check_ctx *c, int device, k3rt_comm *dp, uint64_t data_strea
     r->counts = calloc((size_t)r->E, sizeof(int64_t));
     if (!r->scores || !r->ds || !r->bias || !r->sel || !r->counts)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
-    r->scores_d = r->scores, r->sel_d = r->sel, r->ds_d = r->ds;
+    r->scores_d = r->scores, r->sel_d = r->sel, r->ds_d = r->ds, r->counts_d = r->counts;
     if (device != K3RT_DEVICE_CPU) {
         r->scores_d = k3rt_alloc(device, ns * sizeof(float), err);
         r->ds_d = r->scores_d ? k3rt_alloc(device, ns * sizeof(float), err) : NULL;
         r->sel_d = r->ds_d ? k3rt_alloc(device, (size_t)(r->N * r->k) * sizeof(int32_t), err)
                            : NULL;
-        if (!r->sel_d)
+        r->counts_d = r->sel_d ? k3rt_alloc(device, (size_t)r->E * sizeof(int64_t), err) : NULL;
+        if (!r->counts_d)
             return err->code;
     }
     k3rt_create_args a;
@@ -97,13 +98,7 @@ static int bal_open(check_ctx *c, int device, k3rt_comm *dp, uint64_t data_strea
 static int bal_bias(bal_run *r, k3rt_error *err)
 {
     k3rt_tensor t;
-    memset(&t, 0, sizeof t);
-    K3RT_TRY(module_fail(&r->m, r->m.e->vt.balancer.bias(r->m.self, &t, err), err));
-    const int64_t shape[1] = {r->E};
-    K3RT_TRY(k3rt_tensor_expect(&t, "bias()", K3RT_F32, 1, shape, err));
-    if (!t.data || t.device != r->device)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "bias() must be a tensor with data on the "
-                         "run's device (%d), got device %d", r->device, t.device);
+    K3RT_TRY(rig_bias(&r->m, &t, err));
     K3RT_TRY(ck_copy(r->s, r->bias, K3RT_DEVICE_CPU, t.data, t.device,
                      (size_t)r->E * sizeof(float), err));
     if (!ck_finite(r->bias, K3RT_F32, r->E))
@@ -120,7 +115,7 @@ static k3rt_routing bal_routing(bal_run *r)
     g.experts = r->E, g.top_k = r->k;
     g.scores = k3rt_tensor_view(r->scores_d, K3RT_F32, r->device, 2, r->N, r->E, 0, 0);
     g.selected = k3rt_tensor_view(r->sel_d, K3RT_I32, r->device, 2, r->N, r->k, 0, 0);
-    g.counts = k3rt_tensor_view(r->counts, K3RT_I64, K3RT_DEVICE_CPU, 1, r->E, 0, 0, 0);
+    g.counts = k3rt_tensor_view(r->counts_d, K3RT_I64, r->device, 1, r->E, 0, 0, 0);
     return g;
 }
 
@@ -153,7 +148,6 @@ static void bal_route(bal_run *r)
 /* What the engine does with one micro-batch: route, observe, ask for the auxiliary loss. */
 static int bal_micro(bal_run *r, double scale, k3rt_error *err)
 {
-    const k3rt_balancer_vtable *v = &r->m.e->vt.balancer;
     K3RT_TRY(bal_bias(r, err));
     bal_route(r);
     if (r->device != K3RT_DEVICE_CPU) {
@@ -161,15 +155,15 @@ static int bal_micro(bal_run *r, double scale, k3rt_error *err)
                          (size_t)(r->N * r->E) * sizeof(float), err));
         K3RT_TRY(ck_copy(r->s, r->sel_d, r->device, r->sel, K3RT_DEVICE_CPU,
                          (size_t)(r->N * r->k) * sizeof(int32_t), err));
+        K3RT_TRY(ck_copy(r->s, r->counts_d, r->device, r->counts, K3RT_DEVICE_CPU,
+                         (size_t)r->E * sizeof(int64_t), err));
     }
     k3rt_routing g = bal_routing(r);
-    if (v->observe)
-        K3RT_TRY(module_fail(&r->m, v->observe(r->m.self, r->s, &g, err), err));
+    K3RT_TRY(rig_observe(&r->m, &g, err));
     r->loss = 0;
-    if (v->aux_loss) {
+    if (r->m.e->vt.balancer.aux_loss) {
         k3rt_tensor ds = k3rt_tensor_view(r->ds_d, K3RT_F32, r->device, 2, r->N, r->E, 0, 0);
-        K3RT_TRY(module_fail(&r->m, v->aux_loss(r->m.self, r->s, &g, scale, &r->loss, ds, err),
-                             err));
+        K3RT_TRY(rig_aux_loss(&r->m, &g, scale, &r->loss, ds, err));
         K3RT_TRY(ck_copy(r->s, r->ds, K3RT_DEVICE_CPU, r->ds_d, r->device,
                          (size_t)(r->N * r->E) * sizeof(float), err));
         if (!isfinite(r->loss) || !ck_finite(r->ds, K3RT_F32, r->N * r->E))
@@ -182,12 +176,10 @@ static int bal_micro(bal_run *r, double scale, k3rt_error *err)
 /* One optimizer step of two micro-batches; the bias after it lands in r->bias. */
 static int bal_step(bal_run *r, int64_t step, k3rt_error *err)
 {
-    if (r->m.e->inst.reset_stats)
-        r->m.e->inst.reset_stats(r->m.self);
+    rig_reset_stats(&r->m);
     for (int micro = 0; micro < 2; micro++)
         K3RT_TRY(bal_micro(r, 0.5, err));
-    K3RT_TRY(module_fail(&r->m, r->m.e->vt.balancer.update(r->m.self, r->s, r->dp, step, err),
-                         err));
+    K3RT_TRY(rig_update(&r->m, r->dp, step, err));
     K3RT_TRY(k3rt_stream_sync(r->s, err));
     return bal_bias(r, err);
 }
@@ -349,12 +341,11 @@ static void check_aux_loss(check_ctx *c)
         memcpy(g, r.ds, (size_t)ns * sizeof *g);
     double loss1 = r.loss, worst = 0, rms = 0;
     char what[256] = "";
-    const k3rt_balancer_vtable *v = &r.m.e->vt.balancer;
     k3rt_routing rt = bal_routing(&r);
     k3rt_tensor ds = k3rt_tensor_view(r.ds, K3RT_F32, K3RT_DEVICE_CPU, 2, r.N, r.E, 0, 0);
     /* scale: d_scores doubles, the loss stays */
     if (!rc)
-        rc = module_fail(&r.m, v->aux_loss(r.m.self, r.s, &rt, 2.0, &r.loss, ds, &err), &err);
+        rc = rig_aux_loss(&r.m, &rt, 2.0, &r.loss, ds, &err);
     double scale_err = 0;
     for (int64_t i = 0; i < ns && !rc; i++) {
         scale_err = fmax(scale_err, fabs(r.ds[i] - 2.0f * g[i]));
@@ -371,10 +362,10 @@ static void check_aux_loss(check_ctx *c)
         double lp, lm, h = 1e-3 * fmax(fabs(keep), 0.1);
         float up = (float)(keep + h), dn = (float)(keep - h);
         r.scores[i] = up;
-        rc = module_fail(&r.m, v->aux_loss(r.m.self, r.s, &rt, 1.0, &lp, ds, &err), &err);
+        rc = rig_aux_loss(&r.m, &rt, 1.0, &lp, ds, &err);
         r.scores[i] = dn;
         if (!rc)
-            rc = module_fail(&r.m, v->aux_loss(r.m.self, r.s, &rt, 1.0, &lm, ds, &err), &err);
+            rc = rig_aux_loss(&r.m, &rt, 1.0, &lm, ds, &err);
         r.scores[i] = keep;
         double num = (lp - lm) / ((double)up - (double)dn);
         double rel = fabs(num - g[i]) / fmax(fmax(fabs(num), fabs((double)g[i])), 1e-3 * rms);

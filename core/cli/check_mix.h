@@ -10,14 +10,12 @@ typedef struct mix_run {
     check_ctx *c;
     int dtype, device, kind;
     int64_t B, T, d, n;          /* n = B * T * d */
-    ck_module mod;               /* the instance, its stream, parameters and memory needs */
-    void *saved, *ws;            /* on the device; + a canary tail on the CPU */
+    ck_module mod;               /* the instance (its rig), stream, parameters and buffers */
     void *x, *y, *dy, *dx;       /* on the device */
     int experts, top_k;
     float *bias;                 /* [experts] on the device */
     float *d_scores;             /* [tokens, experts] on the device, NULL when unused */
     int has_state;
-    k3rt_state_layout layout;    /* dtype set to the run's */
     int64_t state_n;
     void *s_in, *s_out, *ds_out, *ds_in;
     int use_state;               /* pass state_in / d_state_out to the calls */
@@ -27,7 +25,7 @@ typedef struct mix_run {
 /* Creates the instance and its buffers; inputs are random (the bias zero). */
 int mix_open(check_ctx *c, int dtype, int device, mix_run *r, k3rt_error *err);
 void mix_close(mix_run *r);
-/* The forward's arguments as mix_forward passes them (resets r->routing). */
+/* The forward's arguments as mix_forward passes them to the rig. */
 void mix_fwd_args(mix_run *r, int training, k3rt_fwd_args *a);
 int mix_forward(mix_run *r, int training, k3rt_error *err);
 /* Backward after a training forward; gradients accumulate into what the parameters hold. */
@@ -41,7 +39,5 @@ int mix_collect(mix_run *r, ck_blobs *out, k3rt_error *err);
 int mix_add_grads(mix_run *r, ck_blobs *out, k3rt_error *err);
 /* Sets a host buffer (of the run's dtype, or f32 for the bias) on the device. */
 int mix_upload(mix_run *r, void *dev, const void *host, size_t bytes, k3rt_error *err);
-/* 1 when the canary bytes after saved and workspace (CPU runs) are intact. */
-int mix_canaries_ok(const mix_run *r);
 
 #endif

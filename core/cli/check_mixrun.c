@@ -4,51 +4,20 @@
 
 #include "cli/check_mix.h"
 
-enum { CANARY = 64 };
-
 static void *dev_alloc(const mix_run *r, size_t bytes, k3rt_error *err)
 {
-    if (r->device == K3RT_DEVICE_CPU) {
-        unsigned char *p = malloc(bytes + CANARY);
-        if (!p) {
-            k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
-            return NULL;
-        }
-        memset(p + bytes, 0xA5, CANARY);
-        return p;
-    }
     return k3rt_alloc(r->device, bytes ? bytes : 1, err);
 }
 
 static void dev_free(const mix_run *r, void *p)
 {
-    if (!p)
-        return;
-    if (r->device == K3RT_DEVICE_CPU)
-        free(p);
-    else
+    if (p)
         k3rt_free(r->device, p);
 }
 
 int mix_upload(mix_run *r, void *dev, const void *host, size_t bytes, k3rt_error *err)
 {
     return ck_copy(r->mod.s, dev, r->device, host, K3RT_DEVICE_CPU, bytes, err);
-}
-
-static int canary_ok(const void *p, int64_t bytes)
-{
-    const unsigned char *c = (const unsigned char *)p + bytes;
-    for (int i = 0; i < CANARY; i++)
-        if (c[i] != 0xA5)
-            return 0;
-    return 1;
-}
-
-int mix_canaries_ok(const mix_run *r)
-{
-    return r->device != K3RT_DEVICE_CPU ||
-           (canary_ok(r->saved, r->mod.mem.saved_bytes) &&
-            canary_ok(r->ws, r->mod.mem.workspace_bytes));
 }
 
 /* Random host values of the run's dtype, uploaded to dev. */
@@ -66,19 +35,15 @@ static int upload_randn(mix_run *r, void *dev, int64_t n, double scale, k3rt_rng
 
 static int open_state(mix_run *r, k3rt_rng *rng, k3rt_error *err)
 {
-    const plugin_entry *e = r->mod.m.e;
-    if (r->kind != K3RT_KIND_ATTENTION || !(e->desc.caps & K3RT_CAP_STATE) ||
-        !e->vt.attention.state_layout)
+    const k3rt_tensor *layout = &r->mod.m.state.state;
+    if (!layout->ndim)
         return K3RT_OK;
-    r->layout.struct_size = sizeof r->layout;
-    K3RT_TRY(module_fail(&r->mod.m,
-                         e->vt.attention.state_layout(r->mod.m.self, r->B, &r->layout, err),
-                         err));
-    r->layout.state.dtype = r->dtype;
-    r->layout.state.device = r->device;
-    r->state_n = k3rt_tensor_numel(&r->layout.state);
-    if (r->layout.state.ndim < 1 || r->state_n < 1)
+    r->state_n = k3rt_tensor_numel(layout);
+    if (r->state_n < 1)
         return k3rt_fail(err, K3RT_ERR_INVALID, "state_layout() gave an empty state");
+    if (layout->dtype != r->dtype)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "state_layout() gave a %s state for a %s "
+                         "instance", k3rt_dtype_name(layout->dtype), k3rt_dtype_name(r->dtype));
     size_t bytes = (size_t)r->state_n * k3rt_dtype_size(r->dtype);
     r->s_in = dev_alloc(r, bytes, err);
     r->s_out = r->s_in ? dev_alloc(r, bytes, err) : NULL;
@@ -101,12 +66,10 @@ int mix_open(check_ctx *c, int dtype, int device, mix_run *r, k3rt_error *err)
     r->kind = c->e->desc.kind;
     r->B = c->B, r->T = c->T, r->d = c->d, r->n = c->B * c->T * c->d;
     K3RT_TRY(ck_module_open(c, dtype, device, &r->mod, err));
-    if (r->kind == K3RT_KIND_MOE && r->mod.m.e->vt.moe.experts)
-        r->mod.m.e->vt.moe.experts(r->mod.m.self, &r->experts, &r->top_k);
+    r->experts = r->mod.m.experts;
+    r->top_k = r->mod.m.top_k;
     size_t bytes = (size_t)r->n * k3rt_dtype_size(dtype);
-    r->saved = dev_alloc(r, (size_t)r->mod.mem.saved_bytes, err);
-    r->ws = r->saved ? dev_alloc(r, (size_t)r->mod.mem.workspace_bytes, err) : NULL;
-    r->x = r->ws ? dev_alloc(r, bytes, err) : NULL;
+    r->x = dev_alloc(r, bytes, err);
     r->y = r->x ? dev_alloc(r, bytes, err) : NULL;
     r->dy = r->y ? dev_alloc(r, bytes, err) : NULL;
     r->dx = r->dy ? dev_alloc(r, bytes, err) : NULL;
@@ -125,8 +88,8 @@ int mix_open(check_ctx *c, int dtype, int device, mix_run *r, k3rt_error *err)
 
 void mix_close(mix_run *r)
 {
-    void *bufs[] = {r->saved, r->ws, r->x, r->y, r->dy, r->dx, r->bias, r->d_scores,
-                    r->s_in, r->s_out, r->ds_out, r->ds_in};
+    void *bufs[] = {r->x, r->y, r->dy, r->dx, r->bias, r->d_scores, r->s_in, r->s_out,
+                    r->ds_out, r->ds_in};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dev_free(r, bufs[i]);
     ck_module_close(&r->mod);
@@ -140,7 +103,7 @@ static k3rt_tensor act(const mix_run *r, void *data)
 
 static k3rt_tensor state_view(const mix_run *r, void *data)
 {
-    k3rt_tensor t = r->layout.state;
+    k3rt_tensor t = r->mod.m.state.state;
     t.data = data;
     return t;
 }
@@ -149,27 +112,14 @@ void mix_fwd_args(mix_run *r, int training, k3rt_fwd_args *out)
 {
     k3rt_fwd_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
     a.training = training;
-    a.stream = r->mod.s;
-    a.batch = r->B;
-    a.seq = r->T;
     a.x = act(r, r->x);
     a.y = act(r, r->y);
-    a.params = r->mod.p.dev;
-    a.n_params = r->mod.p.n;
-    a.deterministic = 1;
-    a.saved = r->saved;
-    a.saved_bytes = r->mod.mem.saved_bytes;
-    a.workspace = r->ws;
-    a.workspace_bytes = r->mod.mem.workspace_bytes;
     if (r->has_state) {
         if (r->use_state)
             a.state_in = state_view(r, r->s_in);
         a.state_out = state_view(r, r->s_out);
     }
-    memset(&r->routing, 0, sizeof r->routing);
-    r->routing.struct_size = sizeof r->routing;
     if (r->experts > 0) {
         a.bias = k3rt_tensor_view(r->bias, K3RT_F32, r->device, 1, r->experts, 0, 0, 0);
         a.routing = &r->routing;
@@ -181,10 +131,7 @@ int mix_forward(mix_run *r, int training, k3rt_error *err)
 {
     k3rt_fwd_args a;
     mix_fwd_args(r, training, &a);
-    const plugin_entry *e = r->mod.m.e;
-    int rc = r->kind == K3RT_KIND_MOE ? e->vt.moe.forward(r->mod.m.self, &a, err)
-                                      : e->vt.attention.forward(r->mod.m.self, &a, err);
-    K3RT_TRY(module_fail(&r->mod.m, rc, err));
+    K3RT_TRY(rig_forward(&r->mod.m, &a, err));
     return k3rt_stream_sync(r->mod.s, err);
 }
 
@@ -192,21 +139,9 @@ int mix_backward(mix_run *r, k3rt_error *err)
 {
     k3rt_bwd_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = r->mod.s;
-    a.batch = r->B;
-    a.seq = r->T;
     a.x = act(r, r->x);
     a.dy = act(r, r->dy);
     a.dx = act(r, r->dx);
-    a.params = r->mod.p.dev;
-    a.grads = r->mod.p.grad_dev;
-    a.n_params = r->mod.p.n;
-    a.deterministic = 1;
-    a.saved = r->saved;
-    a.saved_bytes = r->mod.mem.saved_bytes;
-    a.workspace = r->ws;
-    a.workspace_bytes = r->mod.mem.workspace_bytes;
     if (r->has_state && r->use_state) {
         a.state_in = state_view(r, r->s_in);
         a.d_state_out = state_view(r, r->ds_out);
@@ -215,10 +150,7 @@ int mix_backward(mix_run *r, k3rt_error *err)
     if (r->d_scores)
         a.d_scores = k3rt_tensor_view(r->d_scores, K3RT_F32, r->device, 2, r->B * r->T,
                                       r->experts, 0, 0);
-    const plugin_entry *e = r->mod.m.e;
-    int rc = r->kind == K3RT_KIND_MOE ? e->vt.moe.backward(r->mod.m.self, &a, err)
-                                      : e->vt.attention.backward(r->mod.m.self, &a, err);
-    K3RT_TRY(module_fail(&r->mod.m, rc, err));
+    K3RT_TRY(rig_backward(&r->mod.m, &a, err));
     return k3rt_stream_sync(r->mod.s, err);
 }
 
@@ -230,12 +162,7 @@ int mix_reset(mix_run *r, k3rt_error *err)
                              k3rt_tensor_bytes(&r->mod.p.grad_dev[i]), err));
     K3RT_TRY(k3rt_memset(r->mod.s, r->y, r->device, 0xFF, bytes, err));
     K3RT_TRY(k3rt_memset(r->mod.s, r->dx, r->device, 0xFF, bytes, err));
-    if (r->mod.mem.saved_bytes)
-        K3RT_TRY(k3rt_memset(r->mod.s, r->saved, r->device, 0xFF,
-                             (size_t)r->mod.mem.saved_bytes, err));
-    if (r->mod.mem.workspace_bytes)
-        K3RT_TRY(k3rt_memset(r->mod.s, r->ws, r->device, 0xFF,
-                             (size_t)r->mod.mem.workspace_bytes, err));
+    K3RT_TRY(rig_fill_buffers(&r->mod.m, 0xFF, err));
     if (r->has_state) {
         size_t sb = (size_t)r->state_n * k3rt_dtype_size(r->dtype);
         K3RT_TRY(k3rt_memset(r->mod.s, r->s_out, r->device, 0xFF, sb, err));
@@ -279,8 +206,9 @@ int mix_add_grads(mix_run *r, ck_blobs *out, k3rt_error *err)
                               r->mod.s, err));
     for (int i = 0; i < r->mod.p.n; i++) {
         char name[160];
-        snprintf(name, sizeof name, "grad.%s", module_param(&r->mod.m, i)->name);
-        K3RT_TRY(ck_blobs_add(out, name, r->dtype, k3rt_tensor_numel(&r->mod.p.grad_dev[i]),
+        snprintf(name, sizeof name, "grad.%s", rig_param(&r->mod.m, i)->name);
+        K3RT_TRY(ck_blobs_add(out, name, r->mod.p.grad_dtype,
+                              k3rt_tensor_numel(&r->mod.p.grad_dev[i]),
                               r->mod.p.grad_dev[i].data, r->device, r->mod.s, err));
     }
     return K3RT_OK;

@@ -34,7 +34,7 @@ typedef struct opt_run {
     int dtype, device, created, own_stream;
     k3rt_stream *s;
     k3rt_comm **world;
-    module m;
+    rig m;
     k3rt_param_decl decls[NP];
     k3rt_param_ref refs[NP];
     char names[NP][64];
@@ -46,7 +46,7 @@ typedef struct opt_run {
 static void opt_close(opt_run *r)
 {
     if (r->created)
-        module_destroy(&r->m);
+        rig_destroy(&r->m);
     for (int i = 0; i < NP; i++) {
         free(r->host[i]);
         free(r->grad_host[i]);
@@ -155,16 +155,7 @@ static int opt_step(opt_run *r, int64_t step, int descent, k3rt_error *err)
             ck_randn(r->grad_host[i], r->dtype, r->numel[i], 1.0, &r->rng);
     }
     K3RT_TRY(opt_upload(r, err));
-    k3rt_optimizer_step a;
-    memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = r->s;
-    a.comm = r->world[0];
-    a.lr = 1e-3;
-    a.step = step;
-    a.params = r->refs;
-    a.n_params = NP;
-    K3RT_TRY(module_fail(&r->m, r->m.e->vt.optimizer.step(r->m.self, &a, err), err));
+    K3RT_TRY(rig_step(&r->m, r->world[0], 1e-3, step, r->refs, NP, err));
     K3RT_TRY(k3rt_stream_sync(r->s, err));
     for (int i = 0; i < NP; i++)
         K3RT_TRY(ck_copy(r->s, r->host[i], K3RT_DEVICE_CPU, r->refs[i].param.data, r->device,
@@ -336,7 +327,7 @@ static void check_describe(check_ctx *c)
     for (int i = 0; i < NP && !bad[0]; i++) {
         char buf[128];
         memset(buf, 0, sizeof buf);
-        int rc = r.m.e->vt.optimizer.describe(r.m.self, i, buf, sizeof buf);
+        int rc = rig_describe(&r.m, i, buf, sizeof buf);
         buf[sizeof buf - 1] = '\0';
         if (rc || !buf[0] || strchr(buf, '\n'))
             snprintf(bad, sizeof bad, "describe(%d) (%s) gave no one-line description", i,

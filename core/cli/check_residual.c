@@ -8,47 +8,27 @@
 
 #include "cli/check.h"
 
-enum { CANARY = 64 };
-
 typedef struct res_run {
     check_ctx *c;
     int dtype, device, S;
     int64_t B, T, d, n;
-    ck_module mod;  /* the instance, its stream, parameters and memory needs */
-    char *saved, *ws, *x0, *out, *dout, *dx0, *xs, *ys, *dys, *dxs;  /* device */
+    ck_module mod;  /* the instance (its rig), stream, parameters and buffers */
+    char *x0, *out, *dout, *dx0, *xs, *ys, *dys, *dxs;  /* device */
 } res_run;
 
 static char *res_alloc(res_run *r, size_t bytes, k3rt_error *err)
 {
-    if (r->device != K3RT_DEVICE_CPU)
-        return k3rt_alloc(r->device, bytes ? bytes : 1, err);
-    unsigned char *p = malloc(bytes + CANARY);
-    if (p)
-        memset(p + bytes, 0xA5, CANARY);
-    else
-        k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
-    return (char *)p;
+    return k3rt_alloc(r->device, bytes ? bytes : 1, err);
 }
 
 static void res_close(res_run *r)
 {
-    char *bufs[] = {r->saved, r->ws, r->x0, r->out, r->dout, r->dx0, r->xs, r->ys, r->dys,
-                    r->dxs};
+    char *bufs[] = {r->x0, r->out, r->dout, r->dx0, r->xs, r->ys, r->dys, r->dxs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i] && r->device == K3RT_DEVICE_CPU)
-            free(bufs[i]);
-        else if (bufs[i])
+        if (bufs[i])
             k3rt_free(r->device, bufs[i]);
     ck_module_close(&r->mod);
     memset(r, 0, sizeof *r);
-}
-
-static int canary_ok(const char *p, int64_t bytes)
-{
-    for (int i = 0; i < CANARY; i++)
-        if ((unsigned char)p[bytes + i] != 0xA5)
-            return 0;
-    return 1;
 }
 
 static int res_open(check_ctx *c, int dtype, int device, res_run *r, k3rt_error *err)
@@ -63,9 +43,7 @@ static int res_open(check_ctx *c, int dtype, int device, res_run *r, k3rt_error 
         if (!(*bufs[i] = res_alloc(r, nb, err)))
             return err->code;
     if (!(r->xs = res_alloc(r, (size_t)r->S * nb, err)) ||
-        !(r->ys = res_alloc(r, (size_t)r->S * nb, err)) ||
-        !(r->saved = res_alloc(r, (size_t)r->mod.mem.saved_bytes, err)) ||
-        !(r->ws = res_alloc(r, (size_t)r->mod.mem.workspace_bytes, err)))
+        !(r->ys = res_alloc(r, (size_t)r->S * nb, err)))
         return err->code;
     void *h = ck_alloc(dtype, r->n);
     if (!h)
@@ -81,31 +59,19 @@ static int res_open(check_ctx *c, int dtype, int device, res_run *r, k3rt_error 
     return rc;
 }
 
-static k3rt_residual_args res_args(res_run *r, int s, char *t, int backward)
+static int res_call(res_run *r, rig_residual_call call, int s, char *t, const char *input,
+                    k3rt_error *err)
 {
     k3rt_residual_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = r->mod.s;
-    a.batch = r->B;
-    a.seq = r->T;
     a.sublayer = s;
-    a.n_sublayers = r->S;
     a.t = k3rt_tensor_view(t, r->dtype, r->device, 3, r->B, r->T, r->d, 0);
-    a.params = r->mod.p.dev;
-    a.grads = backward ? r->mod.p.grad_dev : NULL;
-    a.n_params = r->mod.p.n;
     a.training = 1;
-    a.deterministic = 1;
-    a.saved = r->saved;
-    a.saved_bytes = r->mod.mem.saved_bytes;
-    a.workspace = r->ws;
-    a.workspace_bytes = r->mod.mem.workspace_bytes;
-    return a;
+    if (input)
+        a.sublayer_input = k3rt_tensor_view((char *)input, r->dtype, r->device, 3, r->B, r->T,
+                                            r->d, 0);
+    return rig_residual(&r->mod.m, call, &a, err);
 }
-
-#define RES_CALL(fn, args) \
-    K3RT_TRY(module_fail(&r->mod.m, r->mod.m.e->vt.residual.fn(r->mod.m.self, &(args), err), err))
 
 /* One forward and backward of the toy stack from poisoned outputs and zeroed gradients;
  * collects out, the embedding gradient and every parameter gradient. */
@@ -117,49 +83,36 @@ static int res_collect(res_run *r, ck_blobs *o, k3rt_error *err)
     size_t sizes[] = {nb, nb, (size_t)r->S * nb, nb};
     for (int i = 0; i < 4; i++)
         K3RT_TRY(k3rt_memset(r->mod.s, poison[i], r->device, 0xFF, sizes[i], err));
-    if (r->mod.mem.saved_bytes)
-        K3RT_TRY(k3rt_memset(r->mod.s, r->saved, r->device, 0xFF,
-                             (size_t)r->mod.mem.saved_bytes, err));
-    if (r->mod.mem.workspace_bytes)
-        K3RT_TRY(k3rt_memset(r->mod.s, r->ws, r->device, 0xFF,
-                             (size_t)r->mod.mem.workspace_bytes, err));
-    k3rt_residual_args a = res_args(r, 0, r->x0, 0);
-    RES_CALL(begin, a);
+    K3RT_TRY(rig_fill_buffers(&r->mod.m, 0xFF, err));
+    K3RT_TRY(res_call(r, RIG_BEGIN, 0, r->x0, NULL, err));
     for (int s = 0; s < r->S; s++) {
         char *xs = r->xs + s * nb, *ys = r->ys + s * nb;
-        a = res_args(r, s, xs, 0);
-        RES_CALL(mix, a);
+        K3RT_TRY(res_call(r, RIG_MIX, s, xs, NULL, err));
         K3RT_TRY(k3rt_act_fwd(r->mod.s, r->dtype, K3RT_ACT_TANH, xs, ys, r->n, err));
-        a = res_args(r, s, ys, 0);
-        RES_CALL(push, a);
+        K3RT_TRY(res_call(r, RIG_PUSH, s, ys, NULL, err));
     }
-    a = res_args(r, r->S, r->out, 0);
-    RES_CALL(finish, a);
-    a = res_args(r, r->S, r->dout, 1);
-    RES_CALL(finish_backward, a);
+    K3RT_TRY(res_call(r, RIG_FINISH, r->S, r->out, NULL, err));
+    K3RT_TRY(res_call(r, RIG_FINISH_BACKWARD, r->S, r->dout, NULL, err));
     for (int s = r->S - 1; s >= 0; s--) {
         char *xs = r->xs + s * nb;
         K3RT_TRY(k3rt_memset(r->mod.s, r->dys, r->device, 0xFF, nb, err));
-        a = res_args(r, s, r->dys, 1);
-        RES_CALL(push_backward, a);
+        K3RT_TRY(res_call(r, RIG_PUSH_BACKWARD, s, r->dys, NULL, err));
         K3RT_TRY(k3rt_act_bwd(r->mod.s, r->dtype, K3RT_ACT_TANH, xs, r->dys, r->dxs, r->n, 0, err));
-        a = res_args(r, s, r->dxs, 1);
-        a.sublayer_input = k3rt_tensor_view(xs, r->dtype, r->device, 3, r->B, r->T, r->d, 0);
-        RES_CALL(mix_backward, a);
+        K3RT_TRY(res_call(r, RIG_MIX_BACKWARD, s, r->dxs, xs, err));
     }
-    a = res_args(r, 0, r->dx0, 1);
-    RES_CALL(begin_backward, a);
+    K3RT_TRY(res_call(r, RIG_BEGIN_BACKWARD, 0, r->dx0, NULL, err));
     K3RT_TRY(k3rt_stream_sync(r->mod.s, err));
     K3RT_TRY(ck_blobs_add(o, "out", r->dtype, r->n, r->out, r->device, r->mod.s, err));
     K3RT_TRY(ck_blobs_add(o, "grad.embedding", r->dtype, r->n, r->dx0, r->device, r->mod.s, err));
     for (int i = 0; i < r->mod.p.n; i++) {
-        const k3rt_param_decl *d = module_param(&r->mod.m, i);
+        const k3rt_param_decl *d = rig_param(&r->mod.m, i);
         char name[192];
         if (d->layer >= 0)
             snprintf(name, sizeof name, "grad.layers.%d.%s", d->layer, d->name);
         else
             snprintf(name, sizeof name, "grad.%s", d->name);
-        K3RT_TRY(ck_blobs_add(o, name, r->dtype, k3rt_tensor_numel(&r->mod.p.grad_dev[i]),
+        K3RT_TRY(ck_blobs_add(o, name, r->mod.p.grad_dtype,
+                              k3rt_tensor_numel(&r->mod.p.grad_dev[i]),
                               r->mod.p.grad_dev[i].data, r->device, r->mod.s, err));
     }
     return K3RT_OK;
@@ -207,8 +160,7 @@ static void check_runs(check_ctx *c)
             snprintf(buf, sizeof buf, "%s %s is not finite, with outputs, saved and workspace "
                      "filled with NaN bytes first", k3rt_dtype_name(dtypes[i]), where);
             why = buf;
-        } else if (!canary_ok(a.saved, a.mod.mem.saved_bytes) ||
-                   !canary_ok(a.ws, a.mod.mem.workspace_bytes)) {
+        } else if (!rig_guards_ok(&a.mod.m)) {
             why = "writes beyond the saved or workspace bytes that memory() declared";
         } else if (ck_blobs_differ(&a1, &a2, where, sizeof where) ||
                    ck_blobs_differ(&a1, &b1, where, sizeof where)) {

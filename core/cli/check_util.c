@@ -30,7 +30,7 @@ int ck_error(check_ctx *c, const char *name, const k3rt_error *err)
     return 1;
 }
 
-int ck_create(check_ctx *c, module *m, k3rt_create_args *a, int dtype, int device,
+int ck_create(check_ctx *c, rig *m, k3rt_create_args *a, int dtype, int device,
               k3rt_stream *s, k3rt_error *err)
 {
     int kind = c->e->desc.kind;
@@ -48,7 +48,7 @@ int ck_create(check_ctx *c, module *m, k3rt_create_args *a, int dtype, int devic
     a->deterministic = 1;
     a->stream = s ? s : c->cpu;
     a->seed = c->seed;
-    return module_create(m, c->e, c->config, a, "check", err);
+    return rig_create(m, c->e, c->config, a, "check", err);
 }
 
 int ck_cpu_dtypes(const check_ctx *c, int dtypes[2])
@@ -157,13 +157,14 @@ void ck_params_free(ck_params *p)
     memset(p, 0, sizeof *p);
 }
 
-int ck_params_make(check_ctx *c, module *m, int dtype, int device, ck_params *p,
-                   k3rt_error *err)
+int ck_params_make(check_ctx *c, rig *m, ck_params *p, k3rt_error *err)
 {
     memset(p, 0, sizeof *p);
+    int dtype = m->dtype, gdtype = m->grad_dtype, device = m->device;
     p->dtype = dtype;
+    p->grad_dtype = gdtype;
     p->device = device;
-    int n = module_n_params(m);
+    int n = rig_n_params(m);
     p->host = calloc((size_t)n + 1, sizeof *p->host);
     p->dev = calloc((size_t)n + 1, sizeof *p->dev);
     p->grad_host = calloc((size_t)n + 1, sizeof *p->grad_host);
@@ -175,22 +176,25 @@ int ck_params_make(check_ctx *c, module *m, int dtype, int device, ck_params *p,
     k3rt_rng rng;
     k3rt_rng_seed(&rng, c->seed, 0x9a2a3ull);
     for (int i = 0; i < n; i++) {
-        const k3rt_param_decl *d = module_param(m, i);
+        const k3rt_param_decl *d = rig_param(m, i);
         k3rt_tensor t = k3rt_tensor_view(NULL, dtype, K3RT_DEVICE_CPU, d->ndim, d->shape[0],
                                          d->shape[1], d->shape[2], d->shape[3]);
         int64_t numel = k3rt_tensor_numel(&t);
-        size_t bytes = k3rt_tensor_bytes(&t);
         p->n = i + 1;  /* so that ck_params_free releases what this iteration allocates */
-        p->host[i] = p->grad_host[i] = p->dev[i] = p->grad_dev[i] = t;
+        p->host[i] = p->dev[i] = t;
+        p->grad_host[i] = p->grad_dev[i] = t;
+        p->grad_host[i].dtype = p->grad_dev[i].dtype = gdtype;
         p->host[i].data = ck_alloc(dtype, numel);
-        p->grad_host[i].data = ck_alloc(dtype, numel);
+        p->grad_host[i].data = ck_alloc(gdtype, numel);
         if (device == K3RT_DEVICE_CPU) {
             p->dev[i].data = p->host[i].data;
             p->grad_dev[i].data = p->grad_host[i].data;
         } else {
             p->dev[i].device = p->grad_dev[i].device = device;
-            p->dev[i].data = k3rt_alloc(device, bytes, err);
-            p->grad_dev[i].data = p->dev[i].data ? k3rt_alloc(device, bytes, err) : NULL;
+            p->dev[i].data = k3rt_alloc(device, k3rt_tensor_bytes(&t), err);
+            p->grad_dev[i].data =
+                p->dev[i].data ? k3rt_alloc(device, k3rt_tensor_bytes(&p->grad_dev[i]), err)
+                               : NULL;
         }
         int rc = K3RT_OK;
         if (!p->host[i].data || !p->grad_host[i].data)
@@ -198,7 +202,7 @@ int ck_params_make(check_ctx *c, module *m, int dtype, int device, ck_params *p,
         else if (!p->dev[i].data || !p->grad_dev[i].data)
             rc = err->code ? err->code : K3RT_ERR_DEVICE;
         if (!rc)
-            rc = module_init_param(m, i, p->host[i], c->seed, d->name, err);
+            rc = rig_init_param(m, i, p->host[i], c->seed, d->name, err);
         if (rc) {
             ck_params_free(p);
             return rc;
@@ -214,12 +218,12 @@ int ck_params_make(check_ctx *c, module *m, int dtype, int device, ck_params *p,
 int ck_params_upload(ck_params *p, k3rt_stream *s, k3rt_error *err)
 {
     for (int i = 0; i < p->n; i++) {
-        size_t bytes = k3rt_tensor_bytes(&p->host[i]);
-        memset(p->grad_host[i].data, 0, bytes);
-        K3RT_TRY(ck_copy(s, p->dev[i].data, p->device, p->host[i].data, K3RT_DEVICE_CPU, bytes,
-                         err));
+        size_t gbytes = k3rt_tensor_bytes(&p->grad_host[i]);
+        memset(p->grad_host[i].data, 0, gbytes);
+        K3RT_TRY(ck_copy(s, p->dev[i].data, p->device, p->host[i].data, K3RT_DEVICE_CPU,
+                         k3rt_tensor_bytes(&p->host[i]), err));
         K3RT_TRY(ck_copy(s, p->grad_dev[i].data, p->device, p->grad_host[i].data,
-                         K3RT_DEVICE_CPU, bytes, err));
+                         K3RT_DEVICE_CPU, gbytes, err));
     }
     return K3RT_OK;
 }
@@ -228,7 +232,7 @@ int ck_params_download_grads(ck_params *p, k3rt_stream *s, k3rt_error *err)
 {
     for (int i = 0; i < p->n; i++)
         K3RT_TRY(ck_copy(s, p->grad_host[i].data, K3RT_DEVICE_CPU, p->grad_dev[i].data,
-                         p->device, k3rt_tensor_bytes(&p->host[i]), err));
+                         p->device, k3rt_tensor_bytes(&p->grad_host[i]), err));
     return K3RT_OK;
 }
 
@@ -246,9 +250,10 @@ int ck_module_open(check_ctx *c, int dtype, int device, ck_module *o, k3rt_error
     memset(&a, 0, sizeof a);
     K3RT_TRY(ck_create(c, &o->m, &a, dtype, device, o->s, err));
     o->created = 1;
-    K3RT_TRY(ck_params_make(c, &o->m, dtype, device, &o->p, err));
+    K3RT_TRY(ck_params_make(c, &o->m, &o->p, err));
     K3RT_TRY(ck_params_upload(&o->p, o->s, err));
-    return module_memory(&o->m, c->B, c->T, &o->mem, err);
+    K3RT_TRY(rig_bind_params(&o->m, o->p.dev, o->p.grad_dev, err));
+    return rig_alloc_shape(&o->m, c->B, c->T, 1, err);
 }
 
 int ck_fd_options(check_ctx *c, fd_options *o)
@@ -267,9 +272,9 @@ int ck_fd_options(check_ctx *c, fd_options *o)
 
 void ck_module_close(ck_module *o)
 {
-    ck_params_free(&o->p);
     if (o->created)
-        module_destroy(&o->m);
+        rig_destroy(&o->m);
+    ck_params_free(&o->p);
     if (o->own_stream)
         k3rt_stream_destroy(o->s);
     memset(o, 0, sizeof *o);
@@ -384,12 +389,12 @@ int ck_blobs_nonfinite(const ck_blobs *a, char *where, size_t len)
 
 /* ---- state round trip ---------------------------------------------------------------------- */
 
-int ck_state_copy(module *from, module *to, k3rt_stream *s, int *n, k3rt_error *err)
+int ck_state_copy(rig *from, rig *to, k3rt_stream *s, int *n, k3rt_error *err)
 {
     struct k3rt_tensor_sink a, b;
     *n = 0;
-    K3RT_TRY(module_state(from, &a, err));
-    int rc = module_state(to, &b, err);
+    K3RT_TRY(rig_state(from, &a, err));
+    int rc = rig_state(to, &b, err);
     if (rc) {
         tensor_sink_free(&a);
         return rc;
@@ -433,7 +438,7 @@ int ck_state_copy(module *from, module *to, k3rt_stream *s, int *n, k3rt_error *
     }
     tensor_sink_free(&a);
     tensor_sink_free(&b);
-    if (!rc && to->e->inst.state_loaded)
-        rc = module_fail(to, to->e->inst.state_loaded(to->self, err), err);
+    if (!rc)
+        rc = rig_state_loaded(to, err);
     return rc;
 }

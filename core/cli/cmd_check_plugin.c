@@ -122,8 +122,8 @@ static void usage(FILE *to)
 static void header(const check_ctx *c, const char *path)
 {
     const k3rt_plugin_descriptor *d = &c->e->desc;
-    char caps[160], *cfg = json_dumps(c->config, JSON_COMPACT | JSON_SORT_KEYS);
-    cli_caps_str(d->caps, caps, sizeof caps);
+    char caps[192], *cfg = json_dumps(c->config, JSON_COMPACT | JSON_SORT_KEYS);
+    plugin_caps_str(c->e, 1, caps, sizeof caps);
     printf("k3rt check-plugin %s\n", path);
     printf("  plugin  %s %s: %s, ABI %u.%u (host %d.%d)\n", d->name, d->version ? d->version : "?",
            k3rt_kind_name(d->kind), d->abi_major, d->abi_minor, K3RT_ABI_MAJOR, K3RT_ABI_MINOR);

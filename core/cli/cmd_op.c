@@ -1,21 +1,24 @@
 /* k3rt op NAME|PATH: run one attention / moe / residual plugin outside a model on tensors from
  * a safetensors file and write its outputs to another, for comparison with other
- * implementations (DESIGN.md, "k3rt op").
+ * implementations. The file contract is in docs/file-formats.md ("k3rt op") and --help.
  *
  * Inputs: x [B, T, d] (residual: sources.{j} and optional partial), optional dy (then the
  * backward runs too), optional state_in.state and d_state_out.state (stateful mixers), optional
  * bias [experts] (moe), and parameters by their declared names — missing ones are initialised
- * from --seed and written out as used. Outputs: y, grad.x (grad.sources.{j}, grad.partial),
- * grad.<param>, state_out.state, grad.state_in.state, stats.<name>, and every parameter. */
+ * from --seed and written out as used. Any other name is refused, with the nearest valid one:
+ * a misspelt parameter must not fall back to the random init, nor a misnamed dy skip the
+ * backward. Outputs: y, grad.x (grad.sources.{j}, grad.partial), grad.<param>,
+ * state_out.state, grad.state_in.state, stats.<name>, and every parameter. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/commands.h"
-#include "model/module.h"
+#include "plugin/rig.h"
 #include "plugin/sinks.h"
 #include "train/safetensors.h"
 #include "util/fs.h"
+#include "util/nearest.h"
 
 typedef struct out_list {
     st_entry *e;
@@ -126,17 +129,14 @@ static int take_input(const st_file *f, const char *file, const char *name, k3rt
 typedef struct op_job {
     const char *file;
     st_file *in;
-    module m;
+    rig m;
     int dtype, kind;
     int64_t B, T, d;
     uint64_t seed;
     k3rt_stream *stream;
     arena mem;
     out_list out;
-    k3rt_tensor *params, *grads;
     int backward;
-    void *saved, *ws;
-    k3rt_memory bytes;
 } op_job;
 
 /* Name of parameter i in the files. A residual declares one relative name per layer, so its
@@ -144,7 +144,7 @@ typedef struct op_job {
  * are unique and match checkpoints. */
 static void param_name(const op_job *j, int i, char *buf, size_t len)
 {
-    const k3rt_param_decl *d = module_param(&j->m, i);
+    const k3rt_param_decl *d = rig_param(&j->m, i);
     if (j->kind != K3RT_KIND_RESIDUAL)
         snprintf(buf, len, "%s", d->name);
     else if (d->layer >= 0)
@@ -153,41 +153,83 @@ static void param_name(const op_job *j, int i, char *buf, size_t len)
         snprintf(buf, len, "residual.%s", d->name);
 }
 
+/* Every input name the plugin reads: a name outside this list is a mistake. */
+static int known_input(op_job *j, const char *name)
+{
+    static const char *const mixer[] = {"x", "dy", "state_in.state", "d_state_out.state", "bias"};
+    static const char *const residual[] = {"partial", "dy"};
+    const char *const *fixed = j->kind == K3RT_KIND_RESIDUAL ? residual : mixer;
+    int n = j->kind == K3RT_KIND_RESIDUAL ? 2 : 5;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(name, fixed[i]))
+            return 1;
+    if (j->kind == K3RT_KIND_RESIDUAL && !strncmp(name, "sources.", 8))
+        return 1;
+    for (int i = 0; i < rig_n_params(&j->m); i++) {
+        char pname[192];
+        param_name(j, i, pname, sizeof pname);
+        if (!strcmp(name, pname))
+            return 1;
+    }
+    return 0;
+}
+
+static int refuse_unknown_inputs(op_job *j, k3rt_error *err)
+{
+    for (int k = 0; k < st_count(j->in); k++) {
+        const char *name = st_at(j->in, k)->name;
+        if (known_input(j, name))
+            continue;
+        int n = rig_n_params(&j->m);
+        char (*names)[192] = calloc((size_t)n + 6, sizeof *names);
+        const char **cand = calloc((size_t)n + 6, sizeof *cand);
+        if (!names || !cand) {
+            free(names), free(cand);
+            return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+        }
+        int c = 0;
+        const char *fixed[] = {"x", "dy", "state_in.state", "d_state_out.state", "bias",
+                               "partial"};
+        for (int i = 0; i < 6; i++)
+            cand[c++] = fixed[i];
+        for (int i = 0; i < n; i++) {
+            param_name(j, i, names[i], sizeof names[i]);
+            cand[c++] = names[i];
+        }
+        const char *near = nearest_word(name, cand, c);
+        int rc = k3rt_fail(err, K3RT_ERR_INVALID, "%s: tensor '%s' is not an input of %s%s%s%s "
+                           "(inputs: x, dy, state_in.state, d_state_out.state, bias, "
+                           "sources.{j}, partial and the parameters; k3rt op --help)", j->file,
+                           name, j->m.where, near ? "; did you mean '" : "", near ? near : "",
+                           near ? "'?" : "");
+        free(names), free(cand);
+        return rc;
+    }
+    return K3RT_OK;
+}
+
 static int setup_params(op_job *j, k3rt_error *err)
 {
-    int n = module_n_params(&j->m);
-    j->params = calloc((size_t)n + 1, sizeof *j->params);
-    j->grads = calloc((size_t)n + 1, sizeof *j->grads);
-    if (!j->params || !j->grads)
-        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) {
-        const k3rt_param_decl *d = module_param(&j->m, i);
-        if (!arena_tensor(&j->mem, &j->params[i], j->dtype, d->ndim, d->shape) ||
-            !arena_tensor(&j->mem, &j->grads[i], j->dtype, d->ndim, d->shape))
-            return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    K3RT_TRY(rig_alloc_params(&j->m, err));
+    for (int i = 0; i < rig_n_params(&j->m); i++) {
         int found;
         char name[192];
         param_name(j, i, name, sizeof name);
-        K3RT_TRY(take_input(j->in, j->file, name, &j->params[i], &found, err));
+        K3RT_TRY(take_input(j->in, j->file, name, &j->m.params[i], &found, err));
         if (!found)
-            K3RT_TRY(module_init_param(&j->m, i, j->params[i], j->seed, name, err));
-        K3RT_TRY(out_add(&j->out, name, j->params[i], 0, err));
+            K3RT_TRY(rig_init_param(&j->m, i, j->m.params[i], j->seed, name, err));
+        K3RT_TRY(out_add(&j->out, name, j->m.params[i], 0, err));
     }
-    K3RT_TRY(module_memory(&j->m, j->B, j->T, &j->bytes, err));
-    j->saved = calloc(1, (size_t)j->bytes.saved_bytes + 64);
-    j->ws = calloc(1, (size_t)j->bytes.workspace_bytes + 64);
-    if (!j->saved || !j->ws)
-        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
-    return K3RT_OK;
+    return rig_alloc_shape(&j->m, j->B, j->T, 0, err);
 }
 
 static int add_grads(op_job *j, k3rt_error *err)
 {
-    for (int i = 0; i < module_n_params(&j->m); i++) {
+    for (int i = 0; i < rig_n_params(&j->m); i++) {
         char name[192], pname[180];
         param_name(j, i, pname, sizeof pname);
         snprintf(name, sizeof name, "grad.%s", pname);
-        K3RT_TRY(out_add(&j->out, name, j->grads[i], 0, err));
+        K3RT_TRY(out_add(&j->out, name, j->m.grads[i], 0, err));
     }
     return K3RT_OK;
 }
@@ -195,7 +237,7 @@ static int add_grads(op_job *j, k3rt_error *err)
 static int add_stats(op_job *j, k3rt_error *err)
 {
     struct k3rt_tensor_sink sink;
-    K3RT_TRY(module_stats(&j->m, &sink, err));
+    K3RT_TRY(rig_stats(&j->m, &sink, err));
     int rc = K3RT_OK;
     for (int i = 0; i < sink.n && !rc; i++) {
         char name[192];
@@ -219,91 +261,61 @@ static int run_mixer(op_job *j, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     K3RT_TRY(take_input(j->in, j->file, "x", &x, &found, err));
     K3RT_TRY(take_input(j->in, j->file, "dy", &dy, &j->backward, err));
-    const plugin_entry *e = j->m.e;
     k3rt_fwd_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
     a.training = j->backward;
-    a.stream = j->stream;
-    a.batch = j->B;
-    a.seq = j->T;
     a.x = x;
     a.y = y;
-    a.params = j->params;
-    a.n_params = module_n_params(&j->m);
-    a.saved = j->saved;
-    a.saved_bytes = j->bytes.saved_bytes;
-    a.workspace = j->ws;
-    a.workspace_bytes = j->bytes.workspace_bytes;
     k3rt_tensor s_in = {0}, s_out = {0}, ds_out = {0}, ds_in = {0}, bias = {0};
     int have_state = 0, have_ds = 0;
-    if (j->kind == K3RT_KIND_ATTENTION && (e->desc.caps & K3RT_CAP_STATE) &&
-        e->vt.attention.state_layout) {
-        k3rt_state_layout L;
-        memset(&L, 0, sizeof L);
-        L.struct_size = sizeof L;
-        K3RT_TRY(module_fail(&j->m, e->vt.attention.state_layout(j->m.self, j->B, &L, err), err));
-        arena_tensor(&j->mem, &s_in, j->dtype, L.state.ndim, L.state.shape);
-        arena_tensor(&j->mem, &s_out, j->dtype, L.state.ndim, L.state.shape);
-        arena_tensor(&j->mem, &ds_out, j->dtype, L.state.ndim, L.state.shape);
-        arena_tensor(&j->mem, &ds_in, j->dtype, L.state.ndim, L.state.shape);
+    const k3rt_tensor *layout = &j->m.state.state;
+    if (layout->ndim) {
+        arena_tensor(&j->mem, &s_in, layout->dtype, layout->ndim, layout->shape);
+        arena_tensor(&j->mem, &s_out, layout->dtype, layout->ndim, layout->shape);
+        arena_tensor(&j->mem, &ds_out, layout->dtype, layout->ndim, layout->shape);
+        arena_tensor(&j->mem, &ds_in, layout->dtype, layout->ndim, layout->shape);
         K3RT_TRY(take_input(j->in, j->file, "state_in.state", &s_in, &have_state, err));
         K3RT_TRY(take_input(j->in, j->file, "d_state_out.state", &ds_out, &have_ds, err));
         a.state_in = have_state ? s_in : (k3rt_tensor){0};
         a.state_out = s_out;
+    } else if (st_find(j->in, "state_in.state") || st_find(j->in, "d_state_out.state")) {
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: state tensors given, but %s has no "
+                         "recurrent state", j->file, j->m.where);
     }
     k3rt_routing routing;
-    memset(&routing, 0, sizeof routing);
-    routing.struct_size = sizeof routing;
-    int32_t experts = 0, top_k = 0;
-    if (j->kind == K3RT_KIND_MOE && e->vt.moe.experts)
-        e->vt.moe.experts(j->m.self, &experts, &top_k);
-    if (experts > 0) {
-        int64_t es[1] = {experts};
+    if (j->m.experts > 0) {
+        int64_t es[1] = {j->m.experts};
         arena_tensor(&j->mem, &bias, K3RT_F32, 1, es);
         K3RT_TRY(take_input(j->in, j->file, "bias", &bias, &found, err));
         a.bias = bias;
         a.routing = &routing;
+    } else if (st_find(j->in, "bias")) {
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: a selection bias given, but %s routes to "
+                         "no experts", j->file, j->m.where);
     }
-    int rc = j->kind == K3RT_KIND_MOE ? e->vt.moe.forward(j->m.self, &a, err)
-                                      : e->vt.attention.forward(j->m.self, &a, err);
-    K3RT_TRY(module_fail(&j->m, rc, err));
+    K3RT_TRY(rig_forward(&j->m, &a, err));
     K3RT_TRY(out_add(&j->out, "y", y, 0, err));
     if (s_out.data)
         K3RT_TRY(out_add(&j->out, "state_out.state", s_out, 0, err));
-    if (k3rt_tensor_present(&routing.selected))
+    if (a.routing) {
         K3RT_TRY(out_add(&j->out, "routing.selected", routing.selected, 1, err));
-    if (k3rt_tensor_present(&routing.scores))
         K3RT_TRY(out_add(&j->out, "routing.scores", routing.scores, 1, err));
-    if (k3rt_tensor_present(&routing.counts))
         K3RT_TRY(out_add(&j->out, "stats.counts", routing.counts, 1, err));
+    }
     K3RT_TRY(add_stats(j, err));
     if (!j->backward)
         return K3RT_OK;
     k3rt_bwd_args b;
     memset(&b, 0, sizeof b);
-    b.struct_size = sizeof b;
-    b.stream = j->stream;
-    b.batch = j->B;
-    b.seq = j->T;
     b.x = x;
     b.dy = dy;
     b.dx = dx;
-    b.params = j->params;
-    b.grads = j->grads;
-    b.n_params = a.n_params;
-    b.saved = j->saved;
-    b.saved_bytes = j->bytes.saved_bytes;
-    b.workspace = j->ws;
-    b.workspace_bytes = j->bytes.workspace_bytes;
     if (s_in.data) {
         b.state_in = a.state_in;
         b.d_state_out = have_ds ? ds_out : (k3rt_tensor){0};
         b.d_state_in = have_state ? ds_in : (k3rt_tensor){0};
     }
-    rc = j->kind == K3RT_KIND_MOE ? e->vt.moe.backward(j->m.self, &b, err)
-                                  : e->vt.attention.backward(j->m.self, &b, err);
-    K3RT_TRY(module_fail(&j->m, rc, err));
+    K3RT_TRY(rig_backward(&j->m, &b, err));
     K3RT_TRY(out_add(&j->out, "grad.x", dx, 0, err));
     if (have_state)
         K3RT_TRY(out_add(&j->out, "grad.state_in.state", ds_in, 0, err));
@@ -312,8 +324,7 @@ static int run_mixer(op_job *j, k3rt_error *err)
 
 static int run_residual(op_job *j, int sublayer, k3rt_error *err)
 {
-    const k3rt_residual_vtable *v = &j->m.e->vt.residual;
-    if (!v->op_forward)
+    if (!rig_has_residual(&j->m, RIG_OP_FORWARD))
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "%s has no op_forward", j->m.where);
     int64_t shape[3] = {j->B, j->T, j->d};
     int n = 0, found;
@@ -349,34 +360,21 @@ static int run_residual(op_job *j, int sublayer, k3rt_error *err)
         rc = take_input(j->in, j->file, "dy", &dy, &j->backward, err);
     k3rt_residual_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = j->stream;
-    a.batch = j->B;
-    a.seq = j->T;
     a.sublayer = sublayer;
     a.t = y;
-    a.params = j->params;
-    a.n_params = module_n_params(&j->m);
     a.training = j->backward;
-    a.saved = j->saved;
-    a.saved_bytes = j->bytes.saved_bytes;
-    a.workspace = j->ws;
-    a.workspace_bytes = j->bytes.workspace_bytes;
     a.sources = src;
     a.d_sources = dsrc;
     a.n_sources = n;
     a.partial = have_partial ? partial : (k3rt_tensor){0};
     a.d_partial = have_partial ? dpartial : (k3rt_tensor){0};
     if (!rc)
-        rc = module_fail(&j->m, v->op_forward(j->m.self, &a, err), err);
+        rc = rig_residual(&j->m, RIG_OP_FORWARD, &a, err);
     if (!rc)
         rc = out_add(&j->out, "y", y, 0, err);
     if (!rc && j->backward) {
         a.t = dy;
-        a.grads = j->grads;
-        rc = v->op_backward ? module_fail(&j->m, v->op_backward(j->m.self, &a, err), err)
-                            : k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "%s has no op_backward",
-                                        j->m.where);
+        rc = rig_residual(&j->m, RIG_OP_BACKWARD, &a, err);
         for (int i = 0; i < n && !rc; i++) {
             char name[48];
             snprintf(name, sizeof name, "grad.sources.%d", i);
@@ -439,8 +437,8 @@ static int op_main(const char *target, const char *config, const char *in_path,
         json_t *check = json_deep_copy(cfg);
         char what[96];
         snprintf(what, sizeof what, "k3rt op %s --config", e->desc.name);
-        rc = k3rt_options_apply(e->desc.options, e->desc.n_options, e->desc.option_size, check,
-                                what, err);
+        rc = options_apply(e->desc.options, e->desc.n_options, e->desc.option_size, check,
+                           what, err);
         json_decref(check);
     }
     if (!rc)
@@ -470,18 +468,19 @@ static int op_main(const char *target, const char *config, const char *in_path,
         a.layer = j.kind == K3RT_KIND_RESIDUAL ? -1 : 0;
         a.stream = j.stream;
         a.seed = seed;
-        rc = module_create(&j.m, e, cfg, &a, "op", err);
+        rc = rig_create(&j.m, e, cfg, &a, "op", err);
     }
+    if (!rc)
+        rc = refuse_unknown_inputs(&j, err);
     if (!rc)
         rc = setup_params(&j, err);
     if (!rc)
         rc = j.kind == K3RT_KIND_RESIDUAL ? run_residual(&j, sublayer, err) : run_mixer(&j, err);
     if (!rc)
         rc = st_write(out_path, j.out.e, j.out.n, NULL, err);
-    module_destroy(&j.m);
+    rig_destroy(&j.m);
     out_free(&j.out);
     arena_free(&j.mem);
-    free(j.params), free(j.grads), free(j.saved), free(j.ws);
     if (j.in)
         st_close(j.in);
     k3rt_stream_destroy(j.stream);
@@ -501,7 +500,23 @@ int cmd_op(int argc, char **argv)
         if (!strcmp(a, "--help")) {
             printf("usage: k3rt op NAME|PATH --config JSON|@file --in IN.safetensors --out "
                    "OUT.safetensors\n                [--seed N] [--layers L] [--sublayer S] "
-                   "[--plugin-path DIRS]\n");
+                   "[--plugin-path DIRS]\n\n"
+                   "Runs one attention, moe or residual plugin on the tensors of IN (f32 or "
+                   "f64; the dtype of x\nsets the run's) and writes what it computed to OUT.\n\n"
+                   "inputs (every other name is refused):\n"
+                   "  x                  [B, T, d]  attention / moe input\n"
+                   "  sources.0 .. J-1   [B, T, d]  residual: the sources of sublayer S's mixing\n"
+                   "  partial            [B, T, d]  residual: the running partial sum (optional)\n"
+                   "  dy                 [B, T, d]  gradient of y: the backward runs when given\n"
+                   "  state_in.state, d_state_out.state   recurrent state and its gradient "
+                   "(stateful mixers)\n"
+                   "  bias               [experts]  moe: the selection bias (zeros when absent)\n"
+                   "  <parameter>        by its declared name (residual: layers.{i}.residual.*"
+                   " or residual.*);\n"
+                   "                     a missing one is initialised from --seed\n"
+                   "outputs: y, grad.x (grad.sources.{j}, grad.partial), grad.<parameter>, "
+                   "state_out.state,\n  grad.state_in.state, routing.selected, "
+                   "routing.scores, stats.<name>, and every parameter as used.\n");
             return 0;
         } else if (!strcmp(a, "--config") && more) {
             config = argv[++i];

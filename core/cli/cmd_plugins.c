@@ -9,25 +9,6 @@
 #include "cli/commands.h"
 #include "plugin/registry.h"
 
-void cli_caps_str(uint64_t caps, char *buf, size_t len)
-{
-    static const struct {
-        uint64_t bit;
-        const char *name;
-    } names[] = {
-        {K3RT_CAP_CPU, "cpu"},         {K3RT_CAP_CUDA, "cuda"},
-        {K3RT_CAP_F64, "f64"},         {K3RT_CAP_DETERMINISTIC, "deterministic"},
-        {K3RT_CAP_CONTEXT_PARALLEL, "context-parallel"},
-        {K3RT_CAP_DECODE, "decode"},   {K3RT_CAP_STATE, "state"},
-        {K3RT_CAP_AUX_LOSS, "aux-loss"},
-    };
-    size_t at = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && at < len; i++)
-        if (caps & names[i].bit)
-            at += (size_t)snprintf(buf + at, len - at, "%s%s", at ? "," : "", names[i].name);
-}
-
 static void print_options(const plugin_entry *e)
 {
     for (uint32_t i = 0; i < e->desc.n_options; i++) {
@@ -69,8 +50,8 @@ int cmd_plugins(int argc, char **argv)
     printf("%-14s %-10s %-8s %-36s %s\n", "NAME", "KIND", "VERSION", "CAPABILITIES", "FILE");
     for (int i = 0; i < reg.n; i++) {
         const plugin_entry *e = &reg.entries[i];
-        char caps[128];
-        cli_caps_str(e->desc.caps, caps, sizeof caps);
+        char caps[192];
+        plugin_caps_str(e, 1, caps, sizeof caps);
         printf("%-14s %-10s %-8s %-36s %s%s\n", e->desc.name, k3rt_kind_name(e->desc.kind),
                e->desc.version ? e->desc.version : "?", caps, e->path,
                e->shadowed ? "  (shadowed by an earlier one)" : "");

@@ -27,7 +27,6 @@ int cmd_ablate(int argc, char **argv);
 
 /* Shared by the commands: capability bits as "cpu,f64,...", and a --config JSON|@file (NULL
  * gives {}) parsed into a JSON object. */
-void cli_caps_str(uint64_t caps, char *buf, size_t len);
 int cli_load_config(const char *text, json_t **out, k3rt_error *err);
 
 #endif

@@ -20,8 +20,8 @@
 #include <jansson.h>
 #include <k3rt/k3rt.h>
 
-#include "model/module.h"
 #include "plugin/registry.h"
+#include "plugin/rig.h"
 
 typedef struct param_slot {
     char name[160];
@@ -37,13 +37,13 @@ typedef struct param_slot {
 } param_slot;
 
 typedef struct model_module {
-    module m;
+    rig r;
     int kind;
     int layer;              /* -1 for the residual (model-wide) */
     char prefix[64];        /* "layers.3.mixer." */
-    int first_param, n_params;
-    k3rt_tensor *params, *grads;  /* views in declaration order, for plugin calls */
-    int64_t saved_offset, saved_bytes, workspace_bytes;
+    int n_params;
+    k3rt_tensor *params, *grads;  /* views in declaration order, bound to the rig */
+    int64_t saved_offset, saved_bytes;  /* its region of the activation arena's saved block */
 } model_module;
 
 typedef struct model_layer {

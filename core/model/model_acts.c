@@ -62,6 +62,8 @@ static void layout(const model *m, model_acts *a, planner *p, int64_t N, int64_t
 
 void model_free_acts(model *m)
 {
+    for (int i = 0; i < m->n_mods; i++)
+        rig_unbind_shape(&m->mods[i].r);
     if (m->a) {
         free(m->a->routing);
         free(m->a->d_scores);
@@ -92,17 +94,31 @@ static int module_bytes(model *m, int64_t B, int64_t T, int place, int64_t *save
     for (int i = 0; i < m->n_mods; i++) {
         model_module *mm = &m->mods[i];
         k3rt_memory mem;
+        int64_t bytes;
         if (mm->kind == K3RT_KIND_BALANCER || mm->kind == K3RT_KIND_OPTIMIZER)
             continue;
-        K3RT_TRY(module_memory(&mm->m, B, T, &mem, err));
+        K3RT_TRY(rig_memory(&mm->r, B, T, &mem, err));
+        K3RT_TRY(rig_saved_total(&mm->r, B, T, &bytes, err));
         if (place) {
             mm->saved_offset = *saved;
-            mm->saved_bytes = mem.saved_bytes;
-            mm->workspace_bytes = mem.workspace_bytes;
+            mm->saved_bytes = bytes;
         }
-        *saved += (mem.saved_bytes + 63) & ~(int64_t)63;
+        *saved += bytes;
         if (mem.workspace_bytes > *ws)
             *ws = mem.workspace_bytes;
+    }
+    return K3RT_OK;
+}
+
+/* Hands every module its region of the arena for B x T. */
+static int bind_modules(model *m, int64_t B, int64_t T, int64_t ws_bytes, k3rt_error *err)
+{
+    for (int i = 0; i < m->n_mods; i++) {
+        model_module *mm = &m->mods[i];
+        if (mm->kind == K3RT_KIND_BALANCER || mm->kind == K3RT_KIND_OPTIMIZER)
+            continue;
+        K3RT_TRY(rig_bind_shape(&mm->r, B, T, (char *)m->a->saved + mm->saved_offset,
+                                mm->saved_bytes, m->a->ws, ws_bytes, err));
     }
     return K3RT_OK;
 }
@@ -160,5 +176,8 @@ int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err)
     p.base = m->act;
     p.at = 0;
     layout(m, m->a, &p, N, saved, ws);
-    return K3RT_OK;
+    int rc = bind_modules(m, B, T, ws, err);
+    if (rc)
+        model_free_acts(m);
+    return rc;
 }

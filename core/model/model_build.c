@@ -69,7 +69,7 @@ static int add_module(model *m, registry *reg, const json_t *spec, int kind, int
     K3RT_TRY(grow((void **)&m->mods, &m->cap_mods, m->n_mods, sizeof *m->mods, err));
     model_module *mm = &m->mods[m->n_mods];
     memset(mm, 0, sizeof *mm);
-    K3RT_TRY(module_create(&mm->m, e, json_object_get(spec, "config"), args, where, err));
+    K3RT_TRY(rig_create(&mm->r, e, json_object_get(spec, "config"), args, where, err));
     mm->kind = kind;
     mm->layer = layer;
     snprintf(mm->prefix, sizeof mm->prefix, "%s", prefix);
@@ -115,8 +115,8 @@ static k3rt_param_decl own_decl(int role, int64_t d0, int64_t d1, int init, doub
 static int add_module_params(model *m, int mi, int only_layer, k3rt_error *err)
 {
     model_module *mm = &m->mods[mi];
-    for (int j = 0; j < module_n_params(&mm->m); j++) {
-        const k3rt_param_decl *d = module_param(&mm->m, j);
+    for (int j = 0; j < rig_n_params(&mm->r); j++) {
+        const k3rt_param_decl *d = rig_param(&mm->r, j);
         char name[160];
         if (mm->kind == K3RT_KIND_RESIDUAL) {
             if (d->layer != only_layer)
@@ -136,11 +136,11 @@ static int add_module_params(model *m, int mi, int only_layer, k3rt_error *err)
 static int check_residual_layers(model *m, k3rt_error *err)
 {
     model_module *mm = &m->mods[m->residual];
-    for (int j = 0; j < module_n_params(&mm->m); j++) {
-        int l = module_param(&mm->m, j)->layer;
+    for (int j = 0; j < rig_n_params(&mm->r); j++) {
+        int l = rig_param(&mm->r, j)->layer;
         if (l < -1 || l >= m->n_layers)
             return k3rt_fail(err, K3RT_ERR_INVALID, "%s: parameter %s claims layer %d of %d",
-                             mm->m.where, module_param(&mm->m, j)->name, l, m->n_layers);
+                             mm->r.where, rig_param(&mm->r, j)->name, l, m->n_layers);
     }
     return K3RT_OK;
 }
@@ -173,14 +173,9 @@ static int create_layers(model *m, const json_t *doc, registry *reg, k3rt_error 
         snprintf(where, sizeof where, "layers.%d.ffn", i);
         snprintf(prefix, sizeof prefix, "layers.%d.ffn.", i);
         K3RT_TRY(add_module(m, reg, ffn, K3RT_KIND_MOE, i, where, prefix, &args, &L->ffn, err));
-        const plugin_entry *fe = m->mods[L->ffn].m.e;
-        if (fe->vt.moe.experts)
-            fe->vt.moe.experts(m->mods[L->ffn].m.self, &L->experts, &L->top_k);
+        L->experts = m->mods[L->ffn].r.experts;
+        L->top_k = m->mods[L->ffn].r.top_k;
         L->balancer = -1;
-        if (L->experts < 0 || L->top_k < 0 || (L->experts > 0 && (L->top_k < 1 ||
-                                                                 L->top_k > L->experts)))
-            return k3rt_fail(err, K3RT_ERR_INVALID, "%s: reports %d experts with top-%d",
-                             m->mods[L->ffn].m.where, L->experts, L->top_k);
     }
     return K3RT_OK;
 }
@@ -201,11 +196,10 @@ int model_set_balancer(model *m, const json_t *spec, registry *reg, k3rt_error *
             model_module *mm = &m->mods[L->balancer];
             const plugin_entry *e;
             K3RT_TRY(model_resolve_spec(reg, spec, K3RT_KIND_BALANCER, where, &e, err));
-            module fresh;
-            K3RT_TRY(module_create(&fresh, e, json_object_get(spec, "config"), &args, where,
-                                   err));
-            module_destroy(&mm->m);
-            mm->m = fresh;
+            rig fresh;
+            K3RT_TRY(rig_create(&fresh, e, json_object_get(spec, "config"), &args, where, err));
+            rig_destroy(&mm->r);
+            mm->r = fresh;
         } else {
             char prefix[64];
             snprintf(prefix, sizeof prefix, "layers.%d.balancer.", i);
@@ -284,7 +278,7 @@ static int allocate_params(model *m, k3rt_error *err)
     }
     for (int mi = 0; mi < m->n_mods; mi++) {
         model_module *mm = &m->mods[mi];
-        int n = module_n_params(&mm->m);
+        int n = rig_n_params(&mm->r);
         mm->n_params = n;
         mm->params = calloc((size_t)n + 1, sizeof(k3rt_tensor));
         mm->grads = calloc((size_t)n + 1, sizeof(k3rt_tensor));
@@ -298,6 +292,8 @@ static int allocate_params(model *m, k3rt_error *err)
         m->mods[p->module].params[p->index] = p->param;
         m->mods[p->module].grads[p->index] = p->grad;
     }
+    for (int mi = 0; mi < m->n_mods; mi++)
+        K3RT_TRY(rig_bind_params(&m->mods[mi].r, m->mods[mi].params, m->mods[mi].grads, err));
     return K3RT_OK;
 }
 
@@ -305,7 +301,7 @@ static int init_params(model *m, k3rt_error *err)
 {
     for (int i = 0; i < m->n_params; i++) {
         param_slot *p = &m->params[i];
-        module *owner = p->module >= 0 ? &m->mods[p->module].m : NULL;
+        rig *owner = p->module >= 0 ? &m->mods[p->module].r : NULL;
         k3rt_tensor host = p->master;
         void *staging = NULL;
         if (m->opt.device != K3RT_DEVICE_CPU) {
@@ -424,7 +420,7 @@ void model_free(model *m)
 {
     model_free_acts(m);
     for (int i = 0; i < m->n_mods; i++) {
-        module_destroy(&m->mods[i].m);
+        rig_destroy(&m->mods[i].r);
         free(m->mods[i].params);
         free(m->mods[i].grads);
     }

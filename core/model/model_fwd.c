@@ -5,49 +5,68 @@
 
 #include "model/model_internal.h"
 
-static k3rt_residual_args residual_args(model *m, int s, void *t, int backward)
+static k3rt_residual_args residual_args(model *m, int s, void *t)
 {
-    model_module *r = &m->mods[m->residual];
     k3rt_residual_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = m->opt.stream;
-    a.batch = m->B;
-    a.seq = m->T;
     a.sublayer = s;
-    a.n_sublayers = 2 * m->n_layers;
     a.t = model_act_tensor(m, t);
-    a.params = r->params;
-    a.grads = backward ? r->grads : NULL;
-    a.n_params = r->n_params;
     a.training = 1;
-    a.deterministic = m->opt.deterministic;
-    a.saved = (char *)m->a->saved + r->saved_offset;
-    a.saved_bytes = r->saved_bytes;
-    a.workspace = m->a->ws;
-    a.workspace_bytes = r->workspace_bytes;
     return a;
 }
 
-typedef int (*residual_fn)(void *, const k3rt_residual_args *, k3rt_error *);
-
-static int residual_call(model *m, residual_fn fn, int s, void *t, int backward,
-                         k3rt_error *err)
+static int residual_call(model *m, rig_residual_call call, int s, void *t, k3rt_error *err)
 {
-    model_module *r = &m->mods[m->residual];
-    k3rt_residual_args a = residual_args(m, s, t, backward);
-    return module_fail(&r->m, fn(r->m.self, &a, err), err);
+    k3rt_residual_args a = residual_args(m, s, t);
+    return rig_residual(&m->mods[m->residual].r, call, &a, err);
 }
 
-/* mix_backward also gets the sublayer's input (what mix wrote, kept in hs for the pre-norm's
- * backward): a residual whose mixing is not linear in its sources recovers what it read from
- * it instead of keeping a copy per sublayer. */
-static int residual_mix_backward(model *m, int s, void *hs, k3rt_error *err)
+static k3rt_tensor rstd_tensor(const model *m, void *rstd)
 {
-    model_module *r = &m->mods[m->residual];
-    k3rt_residual_args a = residual_args(m, s, m->a->dh, 1);
+    return k3rt_tensor_view(rstd, m->master_dtype, m->opt.device, 1, m->B * m->T, 0, 0, 0);
+}
+
+/* hs = the sublayer's input, xn = its pre-norm: the residual's fused mix_norm where it has
+ * one, else mix and the engine's RMSNorm. */
+static int mix_and_norm(model *m, int s, void *hs, void *rstd, k3rt_error *err)
+{
+    rig *r = &m->mods[m->residual].r;
+    const param_slot *g = &m->params[model_sub_norm(m, s)];
+    if (!rig_has_residual(r, RIG_MIX_NORM)) {
+        K3RT_TRY(residual_call(m, RIG_MIX, s, hs, err));
+        return k3rt_rmsnorm_fwd(m->opt.stream, m->opt.dtype, hs, g->param.data, m->a->xn, rstd,
+                                m->B * m->T, m->d, m->norm_eps, err);
+    }
+    k3rt_residual_args a = residual_args(m, s, hs);
+    a.norm_gain = g->param;
+    a.normed = model_act_tensor(m, m->a->xn);
+    a.rstd = rstd_tensor(m, rstd);
+    a.norm_eps = m->norm_eps;
+    return rig_residual(r, RIG_MIX_NORM, &a, err);
+}
+
+/* From dxn (the gradient of the pre-norm's output) to the residual's gradients: the fused
+ * mix_norm_backward, or the engine's RMSNorm backward into dh and mix_backward. mix_backward
+ * also gets the sublayer's input (what mix wrote, kept in hs for the pre-norm's backward): a
+ * residual whose mixing is not linear in its sources recovers what it read from it instead of
+ * keeping a copy per sublayer. */
+static int norm_and_mix_backward(model *m, int s, void *hs, void *rstd, k3rt_error *err)
+{
+    rig *r = &m->mods[m->residual].r;
+    const param_slot *g = &m->params[model_sub_norm(m, s)];
+    k3rt_residual_args a = residual_args(m, s, m->a->dxn);
     a.sublayer_input = model_act_tensor(m, hs);
-    return module_fail(&r->m, r->m.e->vt.residual.mix_backward(r->m.self, &a, err), err);
+    if (rig_has_residual(r, RIG_MIX_NORM_BACKWARD)) {
+        a.norm_gain = g->param;
+        a.norm_gain_grad = g->grad;
+        a.rstd = rstd_tensor(m, rstd);
+        a.norm_eps = m->norm_eps;
+        return rig_residual(r, RIG_MIX_NORM_BACKWARD, &a, err);
+    }
+    K3RT_TRY(k3rt_rmsnorm_bwd(m->opt.stream, m->opt.dtype, hs, g->param.data, rstd, m->a->dxn,
+                              m->a->dh, g->grad.data, m->B * m->T, m->d, 0, err));
+    a.t = model_act_tensor(m, m->a->dh);
+    return rig_residual(r, RIG_MIX_BACKWARD, &a, err);
 }
 
 /* n values of dtype, wherever they live, as host doubles (waits for the stream). */
@@ -81,6 +100,23 @@ static int sum_rows(model *m, const void *x, int64_t n, double *sum, k3rt_error 
     return rc;
 }
 
+/* Adds a layer's routed counts (on the run's device) into the step's host counters. */
+static int add_counts(model *m, int layer, const k3rt_tensor *counts, k3rt_error *err)
+{
+    int64_t E = m->layers[layer].experts, host[1024], *c = host;
+    if (E > 1024 && !(c = malloc((size_t)E * sizeof *c)))
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
+    int rc = k3rt_memcpy(m->opt.stream, c, K3RT_DEVICE_CPU, counts->data, counts->device,
+                         (size_t)E * sizeof *c, err);
+    if (!rc && counts->device != K3RT_DEVICE_CPU)
+        rc = k3rt_stream_sync(m->opt.stream, err);
+    for (int64_t e = 0; !rc && e < E; e++)
+        m->routed[layer][e] += c[e];
+    if (c != host)
+        free(c);
+    return rc;
+}
+
 /* Sublayer s forward on xn -> ys. MoE layers take the balancer's bias, report routing to the
  * balancer, and may add its auxiliary loss. */
 static int sublayer_forward(model *m, int s, int training, double aux_scale, k3rt_error *err)
@@ -89,54 +125,29 @@ static int sublayer_forward(model *m, int s, int training, double aux_scale, k3r
     const model_layer *L = &m->layers[s / 2];
     k3rt_fwd_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
     a.training = training;
-    a.stream = m->opt.stream;
-    a.batch = m->B;
-    a.seq = m->T;
     a.x = model_act_tensor(m, m->a->xn);
     a.y = model_act_tensor(m, m->a->ys);
-    a.params = mm->params;
-    a.n_params = mm->n_params;
-    a.deterministic = m->opt.deterministic;
-    a.saved = (char *)m->a->saved + mm->saved_offset;
-    a.saved_bytes = mm->saved_bytes;
-    a.workspace = m->a->ws;
-    a.workspace_bytes = mm->workspace_bytes;
     if (s % 2 == 0)
-        return module_fail(&mm->m, mm->m.e->vt.attention.forward(mm->m.self, &a, err), err);
+        return rig_forward(&mm->r, &a, err);
 
     k3rt_routing *routing = &m->a->routing[s / 2];
-    model_module *bal = L->balancer >= 0 ? &m->mods[L->balancer] : NULL;
-    memset(routing, 0, sizeof *routing);
-    routing->struct_size = sizeof *routing;
+    rig *bal = L->balancer >= 0 ? &m->mods[L->balancer].r : NULL;
     if (bal) {
-        K3RT_TRY(module_fail(&bal->m, bal->m.e->vt.balancer.bias(bal->m.self, &a.bias, err),
-                             err));
+        K3RT_TRY(rig_bias(bal, &a.bias, err));
         a.routing = routing;
     }
-    K3RT_TRY(module_fail(&mm->m, mm->m.e->vt.moe.forward(mm->m.self, &a, err), err));
+    K3RT_TRY(rig_forward(&mm->r, &a, err));
     if (!bal || !training)
         return K3RT_OK;
-    if (!k3rt_tensor_present(&routing->scores) || !k3rt_tensor_present(&routing->selected) ||
-        !k3rt_tensor_present(&routing->counts) || routing->counts.dtype != K3RT_I64 ||
-        routing->counts.device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: forward did not report its routing "
-                         "(scores, selected, and host i64 counts)", mm->m.where);
-    const int64_t *counts = routing->counts.data;
-    for (int e = 0; e < L->experts; e++)
-        m->routed[s / 2][e] += counts[e];
-    const k3rt_balancer_vtable *bv = &bal->m.e->vt.balancer;
-    if (bv->observe)
-        K3RT_TRY(module_fail(&bal->m, bv->observe(bal->m.self, m->opt.stream, routing, err),
-                             err));
-    if (bv->aux_loss) {
+    K3RT_TRY(add_counts(m, s / 2, &routing->counts, err));
+    K3RT_TRY(rig_observe(bal, routing, err));
+    if (bal->e->vt.balancer.aux_loss) {
         double loss = 0;
         int64_t N = m->B * m->T;
         k3rt_tensor ds = k3rt_tensor_view(m->a->d_scores[s / 2], K3RT_F32, m->opt.device, 2, N,
                                           L->experts, 0, 0);
-        K3RT_TRY(module_fail(&bal->m, bv->aux_loss(bal->m.self, m->opt.stream, routing,
-                                                   aux_scale, &loss, ds, err), err));
+        K3RT_TRY(rig_aux_loss(bal, routing, aux_scale, &loss, ds, err));
         m->aux_loss += loss;
     }
     return K3RT_OK;
@@ -148,27 +159,13 @@ static int sublayer_backward(model *m, int s, k3rt_error *err)
     const model_layer *L = &m->layers[s / 2];
     k3rt_bwd_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = m->opt.stream;
-    a.batch = m->B;
-    a.seq = m->T;
     a.x = model_act_tensor(m, m->a->xn);
     a.dy = model_act_tensor(m, m->a->dys);
     a.dx = model_act_tensor(m, m->a->dxn);
-    a.params = mm->params;
-    a.grads = mm->grads;
-    a.n_params = mm->n_params;
-    a.deterministic = m->opt.deterministic;
-    a.saved = (char *)m->a->saved + mm->saved_offset;
-    a.saved_bytes = mm->saved_bytes;
-    a.workspace = m->a->ws;
-    a.workspace_bytes = mm->workspace_bytes;
-    if (s % 2 == 0)
-        return module_fail(&mm->m, mm->m.e->vt.attention.backward(mm->m.self, &a, err), err);
-    if (L->balancer >= 0 && m->mods[L->balancer].m.e->vt.balancer.aux_loss)
+    if (s % 2 && L->balancer >= 0 && m->mods[L->balancer].r.e->vt.balancer.aux_loss)
         a.d_scores = k3rt_tensor_view(m->a->d_scores[s / 2], K3RT_F32, m->opt.device, 2,
                                       m->B * m->T, L->experts, 0, 0);
-    return module_fail(&mm->m, mm->m.e->vt.moe.backward(mm->m.self, &a, err), err);
+    return rig_backward(&mm->r, &a, err);
 }
 
 /* embed -> residual stack -> final norm (hn). */
@@ -179,23 +176,20 @@ static int forward_body(model *m, const int32_t *tokens, int training, double au
     k3rt_stream *st = m->opt.stream;
     int dt = m->opt.dtype;
     int64_t N = m->B * m->T;
-    const k3rt_residual_vtable *rv = &m->mods[m->residual].m.e->vt.residual;
     K3RT_TRY(k3rt_memcpy(st, a->tokens, m->opt.device, tokens, K3RT_DEVICE_CPU,
                          (size_t)N * sizeof(int32_t), err));
     K3RT_TRY(k3rt_embedding_fwd(st, dt, m->params[m->embed].param.data, a->tokens, a->h0, N,
                                 m->vocab, m->d, err));
-    K3RT_TRY(residual_call(m, rv->begin, 0, a->h0, 0, err));
+    K3RT_TRY(residual_call(m, RIG_BEGIN, 0, a->h0, err));
     m->aux_loss = 0;
     for (int s = 0; s < 2 * m->n_layers; s++) {
         void *hs = model_sub(m, a->hs, s);
         void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->master_elem;
-        K3RT_TRY(residual_call(m, rv->mix, s, hs, 0, err));
-        K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, hs, m->params[model_sub_norm(m, s)].param.data, a->xn,
-                                  rstd, N, m->d, m->norm_eps, err));
+        K3RT_TRY(mix_and_norm(m, s, hs, rstd, err));
         K3RT_TRY(sublayer_forward(m, s, training, aux_scale, err));
-        K3RT_TRY(residual_call(m, rv->push, s, a->ys, 0, err));
+        K3RT_TRY(residual_call(m, RIG_PUSH, s, a->ys, err));
     }
-    K3RT_TRY(residual_call(m, rv->finish, 2 * m->n_layers, a->hf, 0, err));
+    K3RT_TRY(residual_call(m, RIG_FINISH, 2 * m->n_layers, a->hf, err));
     return k3rt_rmsnorm_fwd(st, dt, a->hf, m->params[m->final_norm].param.data, a->hn,
                             a->rstd_f, N, m->d, m->norm_eps, err);
 }
@@ -245,25 +239,22 @@ static int backward_body(model *m, k3rt_error *err)
     k3rt_stream *st = m->opt.stream;
     int dt = m->opt.dtype;
     int64_t N = m->B * m->T;
-    const k3rt_residual_vtable *rv = &m->mods[m->residual].m.e->vt.residual;
     const param_slot *fn = &m->params[m->final_norm];
     K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, a->hf, fn->param.data, a->rstd_f, a->dhn, a->dh,
                               fn->grad.data, N, m->d, 0, err));
-    K3RT_TRY(residual_call(m, rv->finish_backward, 2 * m->n_layers, a->dh, 1, err));
+    K3RT_TRY(residual_call(m, RIG_FINISH_BACKWARD, 2 * m->n_layers, a->dh, err));
     for (int s = 2 * m->n_layers - 1; s >= 0; s--) {
         void *hs = model_sub(m, a->hs, s);
         void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->master_elem;
         const param_slot *g = &m->params[model_sub_norm(m, s)];
-        K3RT_TRY(residual_call(m, rv->push_backward, s, a->dys, 1, err));
+        K3RT_TRY(residual_call(m, RIG_PUSH_BACKWARD, s, a->dys, err));
         /* The normed input is cheaper to recompute than to keep for every sublayer. */
         K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, hs, g->param.data, a->xn, NULL, N, m->d, m->norm_eps,
                                   err));
         K3RT_TRY(sublayer_backward(m, s, err));
-        K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, hs, g->param.data, rstd, a->dxn, a->dh, g->grad.data,
-                                  N, m->d, 0, err));
-        K3RT_TRY(residual_mix_backward(m, s, hs, err));
+        K3RT_TRY(norm_and_mix_backward(m, s, hs, rstd, err));
     }
-    K3RT_TRY(residual_call(m, rv->begin_backward, 0, a->dh, 1, err));
+    K3RT_TRY(residual_call(m, RIG_BEGIN_BACKWARD, 0, a->dh, err));
     return k3rt_embedding_bwd(st, dt, a->tokens, a->dh, m->params[m->embed].grad.data, N,
                               m->vocab, m->d, err);
 }
@@ -315,7 +306,7 @@ int model_flops(model *m, int64_t B, int64_t T, double *forward, double *backwar
         if (m->mods[i].kind == K3RT_KIND_BALANCER)
             continue;
         k3rt_flops fl;
-        K3RT_TRY(module_flops(&m->mods[i].m, B, T, &fl, err));
+        K3RT_TRY(rig_flops(&m->mods[i].r, B, T, &fl, err));
         f += fl.forward;
         b += fl.backward;
     }

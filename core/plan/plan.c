@@ -49,7 +49,7 @@ static int read_plan(const json_t *doc, const plan_options *o, plan_report *r, k
 void plan_module_name(const model *m, int mi, char *buf, size_t len)
 {
     const model_module *mm = &m->mods[mi];
-    const char *plugin = mm->m.e->desc.name;
+    const char *plugin = mm->r.e->desc.name;
     if (mm->kind == K3RT_KIND_ATTENTION)
         snprintf(buf, len, "mixer %c (%s)", m->layers[mm->layer].mixer_letter, plugin);
     else if (mm->kind == K3RT_KIND_MOE)

@@ -70,12 +70,12 @@ static int probe_state(const model *m, const plugin_entry *e, const json_t *spec
     a.params = &ref;
     a.n_params = 1;
     a.stream = cpu_host_stream();
-    module opt;
-    int rc = module_create(&opt, e, json_object_get(spec, "config"), &a, "optimizer", err);
+    rig opt;
+    int rc = rig_create(&opt, e, json_object_get(spec, "config"), &a, "optimizer", err);
     k3rt_memory mem;
     if (!rc) {
-        rc = module_memory(&opt, 0, 0, &mem, err);
-        module_destroy(&opt);
+        rc = rig_memory(&opt, 0, 0, &mem, err);
+        rig_destroy(&opt);
     }
     free(buf);
     if (!rc)
@@ -142,9 +142,9 @@ static void expert_traffic(const model *m, plan_report *r)
         if (!r->moe_layers++) {
             r->experts = L->experts;
             r->top_k = L->top_k;
-            const module *mod = &m->mods[L->ffn].m;
-            for (int j = 0; j < module_n_params(mod); j++) {
-                const k3rt_param_decl *d = module_param(mod, j);
+            const rig *mod = &m->mods[L->ffn].r;
+            for (int j = 0; j < rig_n_params(mod); j++) {
+                const k3rt_param_decl *d = rig_param(mod, j);
                 if (d->role != K3RT_ROLE_EXPERT_MATRIX || d->ndim != 3)
                     continue;
                 if (!r->dispatch_width)
@@ -165,8 +165,8 @@ static int state_traffic(model *m, plan_report *r, k3rt_error *err)
 {
     for (int i = 0; i < m->n_layers; i++) {
         model_module *mm = &m->mods[m->layers[i].mixer];
-        const plugin_entry *e = mm->m.e;
-        if (!(e->desc.caps & K3RT_CAP_CONTEXT_PARALLEL) || !e->vt.attention.state_layout)
+        const plugin_entry *e = mm->r.e;
+        if (!e->vt.attention.cp_summary)
             continue;
         char name[96];
         snprintf(name, sizeof name, "mixer %c (%s)", m->layers[i].mixer_letter, e->desc.name);
@@ -181,9 +181,9 @@ static int state_traffic(model *m, plan_report *r, k3rt_error *err)
             k3rt_state_layout l;
             memset(&l, 0, sizeof l);
             l.struct_size = sizeof l;
-            K3RT_TRY(module_fail(&mm->m, e->vt.attention.state_layout(mm->m.self,
-                                                                      r->micro_batch, &l, err),
-                                 err));
+            K3RT_TRY(rig_fail(&mm->r, e->vt.attention.state_layout(mm->r.self,
+                                                                   r->micro_batch, &l, err),
+                              err));
             snprintf(s->name, sizeof s->name, "%s", name);
             s->m_elems = k3rt_tensor_numel(&l.summary_m);
             s->b_elems = k3rt_tensor_numel(&l.summary_b);
@@ -220,13 +220,15 @@ static int activations(model *m, plan_report *r, k3rt_error *err)
         if (m->mods[i].kind == K3RT_KIND_BALANCER)
             continue;
         k3rt_memory mem;
-        K3RT_TRY(module_memory(&m->mods[i].m, r->micro_batch, T, &mem, err));
+        int64_t saved;
+        K3RT_TRY(rig_memory(&m->mods[i].r, r->micro_batch, T, &mem, err));
+        K3RT_TRY(rig_saved_total(&m->mods[i].r, r->micro_batch, T, &saved, err));
         char name[96];
         plan_module_name(m, i, name, sizeof name);
         plan_act_part *p = act_part(r, name);
         if (p)
-            p->bytes += (double)mem.saved_bytes;
-        modules += (double)mem.saved_bytes;
+            p->bytes += (double)saved;
+        modules += (double)saved;
         ws = mem.workspace_bytes > ws ? mem.workspace_bytes : ws;
     }
     plan_act_part *w = act_part(r, "largest workspace"), *own = act_part(r, "model buffers");

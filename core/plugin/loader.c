@@ -41,7 +41,8 @@ static size_t kind_vtable_size(int kind)
     }
 }
 
-/* The functions a kind cannot work without. */
+/* The functions a kind cannot work without, and the optional ones that only come together.
+ * Returns what is missing, or NULL. */
 static const char *missing_required(const plugin_entry *e)
 {
     if (!e->inst.create)
@@ -49,24 +50,53 @@ static const char *missing_required(const plugin_entry *e)
     if (!e->inst.destroy)
         return "instance.destroy";
     switch (e->desc.kind) {
-    case K3RT_KIND_ATTENTION:
-        return !e->vt.attention.forward ? "forward" : !e->vt.attention.backward ? "backward" : 0;
-    case K3RT_KIND_MOE:
-        return !e->vt.moe.forward ? "forward" : !e->vt.moe.backward ? "backward" : 0;
+    case K3RT_KIND_ATTENTION: {
+        const k3rt_attention_vtable *v = &e->vt.attention;
+        if (!v->forward || !v->backward)
+            return !v->forward ? "forward" : "backward";
+        if ((v->cp_summary || v->cp_compose || v->decode) && !v->state_layout)
+            return "state_layout (cp_summary, cp_compose and decode need a state)";
+        if (!v->cp_summary != !v->cp_compose)
+            return "cp_summary and cp_compose together";
+        if ((v->kv_project || v->kv_project_backward) && !v->context)
+            return "context (kv_project needs it)";
+        if (!v->kv_project != !v->kv_project_backward)
+            return "kv_project and kv_project_backward together";
+        return NULL;
+    }
+    case K3RT_KIND_MOE: {
+        const k3rt_moe_vtable *v = &e->vt.moe;
+        if (!v->forward || !v->backward)
+            return !v->forward ? "forward" : "backward";
+        int ep = !!v->row_width + !!v->dispatch + !!v->expert_forward + !!v->combine +
+                 !!v->combine_backward + !!v->expert_backward + !!v->dispatch_backward;
+        if (ep && (ep != 7 || !v->experts))
+            return "all seven expert-parallel functions (row_width, dispatch, expert_forward, "
+                   "combine and their backwards) and experts, or none of them";
+        return NULL;
+    }
     case K3RT_KIND_BALANCER:
-        return !e->vt.balancer.bias ? "bias" : !e->vt.balancer.update ? "update" : 0;
-    case K3RT_KIND_OPTIMIZER: return !e->vt.optimizer.step ? "step" : 0;
+        return !e->vt.balancer.bias ? "bias" : !e->vt.balancer.update ? "update" : NULL;
+    case K3RT_KIND_OPTIMIZER: return !e->vt.optimizer.step ? "step" : NULL;
     case K3RT_KIND_RESIDUAL: {
         const k3rt_residual_vtable *v = &e->vt.residual;
         if (!v->begin || !v->mix || !v->push || !v->finish)
             return "begin/mix/push/finish";
         if (!v->finish_backward || !v->push_backward || !v->mix_backward || !v->begin_backward)
             return "the backward functions";
-        return 0;
+        if (!v->mix_norm != !v->mix_norm_backward)
+            return "mix_norm and mix_norm_backward together";
+        if (!v->op_forward != !v->op_backward)
+            return "op_forward and op_backward together";
+        return NULL;
     }
     }
-    return 0;
+    return NULL;
 }
+
+/* The caps bits this host knows. */
+static const uint64_t known_caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 |
+                                   K3RT_CAP_DETERMINISTIC | K3RT_CAP_DOCUMENTS;
 
 int plugin_entry_from_descriptor(const k3rt_plugin_descriptor *d, const char *path,
                                  plugin_entry *out, k3rt_error *err)
@@ -80,11 +110,17 @@ int plugin_entry_from_descriptor(const k3rt_plugin_descriptor *d, const char *pa
         return k3rt_fail(err, K3RT_ERR_ABI,
                          "%s: descriptor of %u bytes is too small to hold an ABI version", path,
                          d->struct_size);
+    if (d->abi_major < K3RT_ABI_MAJOR)
+        return k3rt_fail(err, K3RT_ERR_ABI,
+                         "%s: built for plugin ABI %u.%u, but this k3rt speaks ABI %d.%d: "
+                         "rebuild it against this k3rt's SDK (docs/plugins.md, \"Moving a "
+                         "plugin from ABI 1 to 2\")", path, d->abi_major, d->abi_minor,
+                         K3RT_ABI_MAJOR, K3RT_ABI_MINOR);
     if (d->abi_major != K3RT_ABI_MAJOR)
         return k3rt_fail(err, K3RT_ERR_ABI,
-                         "%s: built for plugin ABI %u.%u, but this k3rt speaks ABI %d.%d "
-                         "(the major version must match: rebuild the plugin against this SDK)",
-                         path, d->abi_major, d->abi_minor, K3RT_ABI_MAJOR, K3RT_ABI_MINOR);
+                         "%s: built for plugin ABI %u.%u, newer than this k3rt's ABI %d.%d: "
+                         "upgrade k3rt, or rebuild the plugin against this SDK", path,
+                         d->abi_major, d->abi_minor, K3RT_ABI_MAJOR, K3RT_ABI_MINOR);
     if (d->abi_minor > K3RT_ABI_MINOR)
         return k3rt_fail(err, K3RT_ERR_ABI,
                          "%s: built for plugin ABI %u.%u, newer than this k3rt's ABI %d.%d "
@@ -99,6 +135,15 @@ int plugin_entry_from_descriptor(const k3rt_plugin_descriptor *d, const char *pa
         return k3rt_fail(err, K3RT_ERR_ABI,
                          "%s: declares unknown plugin kind %d (known: 1 attention, 2 moe, "
                          "3 balancer, 4 optimizer, 5 residual)", path, c->kind);
+    if (c->caps & ~known_caps)
+        return k3rt_fail(err, K3RT_ERR_ABI, "%s: declares capability bits 0x%llx this k3rt "
+                         "does not know", path, (unsigned long long)(c->caps & ~known_caps));
+    if (!(c->caps & (K3RT_CAP_CPU | K3RT_CAP_CUDA)))
+        return k3rt_fail(err, K3RT_ERR_ABI, "%s: declares neither K3RT_CAP_CPU nor "
+                         "K3RT_CAP_CUDA: it cannot run anywhere", path);
+    if ((c->caps & K3RT_CAP_F64) && !(c->caps & K3RT_CAP_CPU))
+        return k3rt_fail(err, K3RT_ERR_ABI, "%s: declares K3RT_CAP_F64 (a CPU dtype) without "
+                         "K3RT_CAP_CPU", path);
     if (!valid_name(c->name))
         return k3rt_fail(err, K3RT_ERR_ABI,
                          "%s: plugin name must be 1-63 characters of [a-z0-9_]", path);

@@ -1,11 +1,13 @@
 /* Plugin option schemas: validation with suggestions, defaults, typed getters
- * (k3rt/config.h). */
-#include <k3rt/config.h>
+ * (options.h, k3rt/config.h). */
+#include "plugin/options.h"
 
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "util/nearest.h"
 
 static const k3rt_option *option_at(const k3rt_option *options, uint32_t size, uint32_t i)
 {
@@ -115,8 +117,8 @@ static int check_value(const k3rt_option *o, json_t *cfg, json_t *v, const char 
     return K3RT_OK;
 }
 
-int k3rt_options_apply(const k3rt_option *options, uint32_t n_options, uint32_t option_size,
-                       json_t *cfg, const char *what, k3rt_error *err)
+int options_apply(const k3rt_option *options, uint32_t n_options, uint32_t option_size,
+                  json_t *cfg, const char *what, k3rt_error *err)
 {
     if (!json_is_object(cfg))
         return k3rt_fail(err, K3RT_ERR_INVALID, "%s: configuration must be a table", what);
@@ -136,7 +138,7 @@ int k3rt_options_apply(const k3rt_option *options, uint32_t n_options, uint32_t 
             if (!strcmp(names[i], key))
                 o = option_at(options, option_size, i);
         if (!o) {
-            const char *near = k3rt_nearest(key, names, (int)n);
+            const char *near = nearest_word(key, names, (int)n);
             if (near)
                 return k3rt_fail(err, K3RT_ERR_INVALID,
                                  "%s: unknown key '%s'; did you mean '%s'?", what, key, near);
@@ -170,33 +172,35 @@ int k3rt_options_apply(const k3rt_option *options, uint32_t n_options, uint32_t 
     return K3RT_OK;
 }
 
-int64_t k3rt_cfg_int(const json_t *cfg, const char *key)
+static const json_t *json_of(const k3rt_config *cfg) { return (const json_t *)cfg; }
+
+int64_t k3rt_cfg_int(const k3rt_config *cfg, const char *key)
 {
-    json_t *v = json_object_get(cfg, key);
+    json_t *v = json_object_get(json_of(cfg), key);
     if (json_is_integer(v))
         return (int64_t)json_integer_value(v);
     return json_is_real(v) ? (int64_t)json_real_value(v) : 0;
 }
 
-double k3rt_cfg_float(const json_t *cfg, const char *key)
+double k3rt_cfg_float(const k3rt_config *cfg, const char *key)
 {
-    json_t *v = json_object_get(cfg, key);
+    json_t *v = json_object_get(json_of(cfg), key);
     return json_is_number(v) ? json_number_value(v) : 0.0;
 }
 
-int k3rt_cfg_bool(const json_t *cfg, const char *key)
+int k3rt_cfg_bool(const k3rt_config *cfg, const char *key)
 {
-    return json_is_true(json_object_get(cfg, key));
+    return json_is_true(json_object_get(json_of(cfg), key));
 }
 
-const char *k3rt_cfg_string(const json_t *cfg, const char *key)
+const char *k3rt_cfg_string(const k3rt_config *cfg, const char *key)
 {
-    json_t *v = json_object_get(cfg, key);
+    json_t *v = json_object_get(json_of(cfg), key);
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
-int k3rt_cfg_is_null(const json_t *cfg, const char *key)
+int k3rt_cfg_is_null(const k3rt_config *cfg, const char *key)
 {
-    json_t *v = json_object_get(cfg, key);
+    json_t *v = json_object_get(json_of(cfg), key);
     return v == NULL || json_is_null(v);
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "util/fs.h"
+#include "util/nearest.h"
 
 int plugin_load_file(const char *path, plugin_entry *out, k3rt_error *err);
 
@@ -210,7 +211,7 @@ int registry_not_found(const registry *r, const char *name, int kind, const char
     for (int i = 0; i < r->n && n < 512; i++)
         if (!kind || r->entries[i].desc.kind == kind)
             names[n++] = r->entries[i].desc.name;
-    const char *near = k3rt_nearest(name, names, n);
+    const char *near = nearest_word(name, names, n);
     char list[512] = "";
     size_t at = 0;
     for (int i = 0; i < n && at < sizeof list; i++)

@@ -6,6 +6,8 @@
 
 #include <k3rt/plugin.h>
 
+#include "plugin/options.h"
+
 typedef struct plugin_entry {
     k3rt_plugin_descriptor desc;
     k3rt_instance_vtable inst;
@@ -53,6 +55,10 @@ int registry_not_found(const registry *r, const char *name, int kind, const char
 /* Checks a descriptor as returned by an entry point and fills a zero-extended entry. */
 int plugin_entry_from_descriptor(const k3rt_plugin_descriptor *d, const char *path,
                                  plugin_entry *out, k3rt_error *err);
+
+/* The caps bits in words ("cpu,cuda,f64"), with_functions adding the optional functions it
+ * provides ("state,context-parallel,aux-loss"). Returns buf. */
+const char *plugin_caps_str(const plugin_entry *e, int with_functions, char *buf, size_t len);
 
 /* Built-in plugins (the `none` balancer). */
 const k3rt_plugin_descriptor *builtin_none_balancer(void);

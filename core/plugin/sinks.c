@@ -1,6 +1,8 @@
-/* Sinks through which plugins declare parameters and hand over state and statistics. */
+/* Sinks through which plugins declare parameters and saved activations and hand over state
+ * and statistics. */
 #include "plugin/sinks.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,6 +84,47 @@ int k3rt_tensor_sink_add(k3rt_tensor_sink *sink, const char *name, k3rt_tensor t
 }
 
 void tensor_sink_free(k3rt_tensor_sink *sink)
+{
+    free(sink->items);
+    memset(sink, 0, sizeof *sink);
+}
+
+int k3rt_saved_sink_add(k3rt_saved_sink *sink, const k3rt_saved_decl *decl, k3rt_error *err)
+{
+    if (!decl || decl->struct_size < offsetof(k3rt_saved_decl, recompute_flops))
+        return k3rt_fail(err, K3RT_ERR_ABI, "saved: declaration too small");
+    if (!decl->name || !*decl->name)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "saved: a part has no name");
+    if (decl->bytes < 0)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "saved part %s: %lld bytes", decl->name,
+                         (long long)decl->bytes);
+    if ((decl->flags & K3RT_SAVED_GEMM_ONLY) && !k3rt_dtype_is_float(decl->dtype))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "saved part %s: GEMM_ONLY needs a float dtype",
+                         decl->name);
+    if (decl->flags & ~(uint32_t)(K3RT_SAVED_GEMM_ONLY | K3RT_SAVED_RECOMPUTE))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "saved part %s: unknown flags 0x%x", decl->name,
+                         decl->flags);
+    if (sink->n == sink->cap) {
+        int cap = sink->cap ? sink->cap * 2 : 8;
+        saved_sink_item *p = realloc(sink->items, (size_t)cap * sizeof *p);
+        if (!p)
+            return k3rt_fail(err, K3RT_ERR_NOMEM, "saved: out of memory");
+        sink->items = p;
+        sink->cap = cap;
+        for (int i = 0; i < sink->n; i++)  /* the names moved with the items */
+            sink->items[i].decl.name = sink->items[i].name;
+    }
+    saved_sink_item *it = &sink->items[sink->n++];
+    memset(&it->decl, 0, sizeof it->decl);
+    memcpy(&it->decl, decl, decl->struct_size < sizeof it->decl ? decl->struct_size
+                                                                 : sizeof it->decl);
+    it->decl.struct_size = sizeof it->decl;
+    snprintf(it->name, sizeof it->name, "%s", decl->name);
+    it->decl.name = it->name;
+    return K3RT_OK;
+}
+
+void saved_sink_free(k3rt_saved_sink *sink)
 {
     free(sink->items);
     memset(sink, 0, sizeof *sink);

@@ -1,4 +1,4 @@
-/* The concrete sinks behind k3rt_param_sink and k3rt_tensor_sink. */
+/* The concrete sinks behind k3rt_param_sink, k3rt_tensor_sink and k3rt_saved_sink. */
 #ifndef K3RT_PLUGIN_SINKS_H
 #define K3RT_PLUGIN_SINKS_H
 
@@ -25,7 +25,18 @@ struct k3rt_tensor_sink {
     int n, cap;
 };
 
+typedef struct saved_sink_item {
+    k3rt_saved_decl decl;  /* decl.name points at name below */
+    char name[64];
+} saved_sink_item;
+
+struct k3rt_saved_sink {
+    saved_sink_item *items;
+    int n, cap;
+};
+
 void param_sink_free(k3rt_param_sink *sink);
 void tensor_sink_free(k3rt_tensor_sink *sink);
+void saved_sink_free(k3rt_saved_sink *sink);
 
 #endif

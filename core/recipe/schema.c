@@ -165,7 +165,7 @@ int sch_section_scalars(schema_ctx *c, const char *section_name, const json_t *r
         if (v)
             json_object_set(cfg, s->opts[i].name, v);
     }
-    int rc = k3rt_options_apply(s->opts, (uint32_t)s->n_opts, sizeof(k3rt_option), cfg,
+    int rc = options_apply(s->opts, (uint32_t)s->n_opts, sizeof(k3rt_option), cfg,
                                 s->name, c->err);
     if (rc) {
         json_decref(cfg);
@@ -211,7 +211,7 @@ static int train_changes(schema_ctx *c, const json_t *raw, json_t **out)
         json_t *step = NULL, *bal = NULL;
         if (!rc) {
             step = json_pack("{s:O*}", "step", json_object_get(item, "step"));
-            rc = k3rt_options_apply(CHANGE_OPTS, 1, sizeof(k3rt_option), step, what, c->err);
+            rc = options_apply(CHANGE_OPTS, 1, sizeof(k3rt_option), step, what, c->err);
         }
         json_int_t s = rc ? 0 : json_integer_value(json_object_get(step, "step"));
         if (!rc && s <= prev)

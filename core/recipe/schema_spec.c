@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "util/nearest.h"
+
 static const k3rt_option *opt_at(const k3rt_option *opts, uint32_t size, uint32_t i)
 {
     return (const k3rt_option *)((const char *)opts + (size_t)i * size);
@@ -31,7 +33,7 @@ const char *schema_json_kind(const json_t *v)
 int schema_unknown_key(const char *what, const char *key, const char *const *names, int n,
                        k3rt_error *err)
 {
-    const char *near = k3rt_nearest(key, names, n);
+    const char *near = nearest_word(key, names, n);
     if (near)
         return k3rt_fail(err, K3RT_ERR_INVALID, "%s: unknown key '%s'; did you mean '%s'?",
                          what, key, near);
@@ -123,7 +125,7 @@ static int make_spec(const plugin_entry *e, const char *path, json_t *cfg, const
     if (e->desc.kind == K3RT_KIND_OPTIMIZER)
         rc = take_lr(e, cfg, label, &lr, err);
     if (!rc)
-        rc = k3rt_options_apply(e->desc.options, e->desc.n_options, e->desc.option_size, cfg,
+        rc = options_apply(e->desc.options, e->desc.n_options, e->desc.option_size, cfg,
                                 label, err);
     if (rc) {
         json_decref(cfg);

@@ -12,7 +12,7 @@
 /* Every module's (and the optimizer's) state tensors under their full names. */
 typedef struct named_state {
     struct k3rt_tensor_sink *sinks;
-    module **owners;
+    rig **owners;
     char (*prefixes)[80];
     int n;
 } named_state;
@@ -28,7 +28,7 @@ static void named_state_free(named_state *s)
 }
 
 /* opt may be NULL (a model without its optimizer, e.g. for eval and sample). */
-static int named_state_collect(model *m, module *opt, named_state *s, k3rt_error *err)
+static int named_state_collect(model *m, rig *opt, named_state *s, k3rt_error *err)
 {
     int n = m->n_mods + (opt ? 1 : 0);
     s->sinks = calloc((size_t)n, sizeof *s->sinks);
@@ -37,21 +37,21 @@ static int named_state_collect(model *m, module *opt, named_state *s, k3rt_error
     if (!s->sinks || !s->owners || !s->prefixes)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
-        module *mod = i < m->n_mods ? &m->mods[i].m : opt;
+        rig *mod = i < m->n_mods ? &m->mods[i].r : opt;
         s->owners[i] = mod;
         snprintf(s->prefixes[i], sizeof s->prefixes[i], "%s",
                  i < m->n_mods ? m->mods[i].prefix : "optimizer.");
         s->n = i + 1;
-        K3RT_TRY(module_state(mod, &s->sinks[i], err));
+        K3RT_TRY(rig_state(mod, &s->sinks[i], err));
     }
     return K3RT_OK;
 }
 
-json_t *manifest_plugins(const model *m, const module *opt)
+json_t *manifest_plugins(const model *m, const rig *opt)
 {
     json_t *list = json_array();
     for (int i = 0; i <= m->n_mods; i++) {
-        const module *mod = i < m->n_mods ? &m->mods[i].m : opt;
+        const rig *mod = i < m->n_mods ? &m->mods[i].r : opt;
         const char *slot = i < m->n_mods ? m->mods[i].prefix : "optimizer.";
         json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:s, s:s}", "slot", slot,
                                               "name", mod->e->desc.name, "kind",
@@ -222,7 +222,7 @@ int ckpt_load_weights(model *m, const char *path, k3rt_error *err)
     return rc;
 }
 
-int ckpt_load_states(model *m, module *opt, const char *path, k3rt_error *err)
+int ckpt_load_states(model *m, rig *opt, const char *path, k3rt_error *err)
 {
     st_file *f;
     K3RT_TRY(st_open(path, &f, err));
@@ -237,9 +237,8 @@ int ckpt_load_states(model *m, module *opt, const char *path, k3rt_error *err)
         }
         if (!rc)
             rc = k3rt_stream_sync(m->opt.stream, err);  /* the copies landed */
-        if (!rc && s.owners[i]->e->inst.state_loaded)
-            rc = module_fail(s.owners[i], s.owners[i]->e->inst.state_loaded(s.owners[i]->self,
-                                                                           err), err);
+        if (!rc)
+            rc = rig_state_loaded(s.owners[i], err);
     }
     named_state_free(&s);
     st_close(f);

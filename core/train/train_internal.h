@@ -48,7 +48,7 @@ typedef struct rank_ctx {
     k3rt_comm *comm, *dp;
     k3rt_stream *stream;
     model m;
-    module opt;
+    rig opt;
     k3rt_param_ref *refs;
     float *max_logits;            /* per parameter with qk_clip: [heads] */
     int bad_in_row;
@@ -79,11 +79,11 @@ int ckpt_load_run(rank_ctx *c, k3rt_error *err);
 /* Checks a resumed manifest against the run: plan, plugins (model shape is checked when the
  * weights load). */
 int ckpt_check_compatible(run *r, k3rt_error *err);
-json_t *manifest_plugins(const model *m, const module *opt);
+json_t *manifest_plugins(const model *m, const rig *opt);
 /* Loads a checkpoint's weights / its plugin states (opt may be NULL: the optimizer's state is
  * then not read) into a built model. */
 int ckpt_load_weights(model *m, const char *path, k3rt_error *err);
-int ckpt_load_states(model *m, module *opt, const char *path, k3rt_error *err);
+int ckpt_load_states(model *m, rig *opt, const char *path, k3rt_error *err);
 
 /* train_eval.c: the windows of split s taken by `rank` of `ranks`; acc = {loss sum, count} */
 int eval_windows(model *m, const token_stream *s, int64_t B, int64_t T, int rank, int ranks,

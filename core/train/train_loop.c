@@ -23,8 +23,7 @@ static int all_reduce(rank_ctx *c, void *buf, int64_t n, int dtype, int op, k3rt
 static void reset_stats(model *m)
 {
     for (int i = 0; i < m->n_mods; i++)
-        if (m->mods[i].m.e->inst.reset_stats)
-            m->mods[i].m.e->inst.reset_stats(m->mods[i].m.self);
+        rig_reset_stats(&m->mods[i].r);
     model_reset_routed(m);
 }
 
@@ -37,7 +36,7 @@ static int gather_stats(rank_ctx *c, k3rt_error *err)
         memset(&c->refs[i].head_max_logit, 0, sizeof c->refs[i].head_max_logit);
     for (int mi = 0; mi < m->n_mods; mi++) {
         struct k3rt_tensor_sink sink;
-        K3RT_TRY(module_stats(&m->mods[mi].m, &sink, err));
+        K3RT_TRY(rig_stats(&m->mods[mi].r, &sink, err));
         int rc = K3RT_OK;
         for (int k = 0; k < sink.n && !rc; k++) {
             tensor_sink_item *it = &sink.items[k];
@@ -67,9 +66,7 @@ static int update_balancers(rank_ctx *c, int64_t step, k3rt_error *err)
         int b = m->layers[i].balancer;
         if (b < 0)
             continue;
-        module *bm = &m->mods[b].m;
-        K3RT_TRY(module_fail(bm, bm->e->vt.balancer.update(bm->self, c->stream, c->dp, step,
-                                                            err), err));
+        K3RT_TRY(rig_update(&m->mods[b].r, c->dp, step, err));
     }
     return K3RT_OK;
 }
@@ -127,16 +124,7 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
     if (r->grad_clip > 0 && o->gnorm > r->grad_clip)
         K3RT_TRY(k3rt_axpby(c->stream, m->master_dtype, m->total_numel, r->grad_clip / o->gnorm,
                             m->grad_buf, 0.0, m->grad_buf, err));
-    k3rt_optimizer_step a;
-    memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = c->stream;
-    a.comm = c->dp;
-    a.lr = o->lr;
-    a.step = step;
-    a.params = c->refs;
-    a.n_params = m->n_params;
-    K3RT_TRY(module_fail(&c->opt, c->opt.e->vt.optimizer.step(c->opt.self, &a, err), err));
+    K3RT_TRY(rig_step(&c->opt, c->dp, o->lr, step, c->refs, m->n_params, err));
     return model_sync_compute(m, err);
 }
 
@@ -221,7 +209,7 @@ static int depth_weights(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err
 {
     run *r = c->r;
     struct k3rt_tensor_sink sink;
-    K3RT_TRY(module_stats(&c->m.mods[c->m.residual].m, &sink, err));
+    K3RT_TRY(rig_stats(&c->m.mods[c->m.residual].r, &sink, err));
     const tensor_sink_item *it = NULL;
     for (int i = 0; i < sink.n; i++)
         if (!strcmp(sink.items[i].name, "depth_weights") && sink.items[i].t.ndim == 2 &&

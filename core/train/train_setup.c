@@ -274,7 +274,7 @@ static int build_optimizer(rank_ctx *c, k3rt_error *err)
     a.comm = c->comm;
     a.stream = c->stream;
     a.seed = r->seed;
-    return module_create(&c->opt, e, json_object_get(spec, "config"), &a, "optimizer", err);
+    return rig_create(&c->opt, e, json_object_get(spec, "config"), &a, "optimizer", err);
 }
 
 int rank_build(rank_ctx *c, k3rt_error *err)
@@ -303,7 +303,7 @@ int rank_build(rank_ctx *c, k3rt_error *err)
 
 void rank_free(rank_ctx *c)
 {
-    module_destroy(&c->opt);
+    rig_destroy(&c->opt);
     model_free(&c->m);
     free(c->refs);
     free(c->max_logits);

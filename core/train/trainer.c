@@ -38,9 +38,9 @@ static int print_header(rank_ctx *c, k3rt_error *err)
     for (int i = 0; i < m->n_layers && i < 255; i++)
         pattern[i] = m->layers[i].mixer_letter;
     log_info("layers: pattern %s | mixers %s | ffn %s | residual %s | balancer %s | optimizer "
-             "%s", pattern, m->mods[m->layers[0].mixer].m.e->desc.name,
-             m->mods[m->layers[m->n_layers - 1].ffn].m.e->desc.name,
-             m->mods[m->residual].m.e->desc.name,
+             "%s", pattern, m->mods[m->layers[0].mixer].r.e->desc.name,
+             m->mods[m->layers[m->n_layers - 1].ffn].r.e->desc.name,
+             m->mods[m->residual].r.e->desc.name,
              json_string_value(json_object_get(r->balancer, "plugin")), c->opt.e->desc.name);
     if (r->device != K3RT_DEVICE_CPU)
         log_info("device: cuda:%d %s, compute %s%s, peak %s", r->device, r->device_name,
@@ -63,13 +63,12 @@ static int dry_run(rank_ctx *c, k3rt_error *err)
     for (int i = 0; i < m->n_params; i++) {
         char shape[64], rule[96] = "-";
         k3rt_tensor_shape_str(&m->params[i].param, shape, sizeof shape);
-        if (c->opt.e->vt.optimizer.describe)
-            c->opt.e->vt.optimizer.describe(c->opt.self, i, rule, sizeof rule);
+        rig_describe(&c->opt, i, rule, sizeof rule);
         printf("%-44s %-18s %-14s %s\n", m->params[i].name, shape,
                k3rt_role_name(m->params[i].decl.role), rule);
     }
     k3rt_memory om;
-    K3RT_TRY(module_memory(&c->opt, 0, 0, &om, err));
+    K3RT_TRY(rig_memory(&c->opt, 0, 0, &om, err));
     printf("memory: parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB, "
            "activations per micro-batch %.2f MiB\n",
            (double)m->total_numel * (double)(m->master_elem + (m->compute_buf ? m->elem : 0)) /

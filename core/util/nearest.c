@@ -1,5 +1,5 @@
-/* "Did you mean" suggestions by edit distance (k3rt/config.h). */
-#include <k3rt/config.h>
+/* "Did you mean" suggestions by edit distance (nearest.h). */
+#include "util/nearest.h"
 
 #include <string.h>
 
@@ -29,7 +29,7 @@ static int edit_distance(const char *a, const char *b)
     return row[lb];
 }
 
-const char *k3rt_nearest(const char *word, const char *const *candidates, int n)
+const char *nearest_word(const char *word, const char *const *candidates, int n)
 {
     const char *best = NULL;
     int best_d = 1 << 20;

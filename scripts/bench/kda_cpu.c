@@ -17,6 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "plugin/options.h"
+
 #include "plugin.c"
 #include "layout.c"
 #include "cpu_f32.c"
@@ -125,11 +127,11 @@ static void time_layer(const bench_cfg *bc, k3rt_stream *s, int alg, int64_t T, 
              (long long)bc->dv, (long long)bc->C, alg ? "chunked" : "recurrent");
     json_t *c = json_loads(cfg, 0, NULL);
     k3rt_error err;
-    CHECK(k3rt_options_apply(kda_options, KDA_N_OPTIONS, sizeof(k3rt_option), c, "bench", &err));
+    CHECK(options_apply(kda_options, KDA_N_OPTIONS, sizeof(k3rt_option), c, "bench", &err));
     k3rt_create_args a;
     memset(&a, 0, sizeof a);
     a.struct_size = sizeof a;
-    a.config = c;
+    a.config = config_of(c);
     a.dtype = bc->f64 ? K3RT_F64 : K3RT_F32;
     a.device = K3RT_DEVICE_CPU;
     a.d_model = bc->H * bc->dk;

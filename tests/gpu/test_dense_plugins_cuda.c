@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "testutil/testutil.h"
-#include "model/module.h"
+#include "plugin/rig.h"
 #include "plugin/registry.h"
 #include "plugin/sinks.h"
 
@@ -171,7 +171,7 @@ static void expect_same_bits(const char *where, const char *what, const void *a,
     free(y);
 }
 
-static void create(module *m, const char *plugin_name, const char *cfg_text, int dtype,
+static void create(rig *m, const char *plugin_name, const char *cfg_text, int dtype,
                    int device, int64_t d, const k3rt_param_ref *params, int n_params)
 {
     k3rt_error err = {0};
@@ -188,7 +188,7 @@ static void create(module *m, const char *plugin_name, const char *cfg_text, int
     a.params = params;
     a.n_params = n_params;
     a.stream = device == K3RT_DEVICE_CPU ? H : G;
-    TU_OK(module_create(m, plugin(plugin_name), cfg, &a, device == K3RT_DEVICE_CPU ? "cpu" : "cuda",
+    TU_OK(rig_create(m, plugin(plugin_name), cfg, &a, device == K3RT_DEVICE_CPU ? "cpu" : "cuda",
                         &err), err);
     json_decref(cfg);
 }
@@ -197,12 +197,11 @@ static void create(module *m, const char *plugin_name, const char *cfg_text, int
 
 /* One side (CPU f64 or CUDA) of a dense_glu comparison. */
 typedef struct glu_side {
-    module m;
+    rig m;  /* the instance; its saved part and workspace at B x T */
     int dtype, gdtype, device, host;
     k3rt_stream *s;
-    k3rt_memory mem;
     k3rt_tensor params[3], grads[3];
-    void *x, *dy, *y, *dx, *saved, *ws;
+    void *x, *dy, *y, *dx;
 } glu_side;
 
 typedef struct glu_case {
@@ -220,39 +219,20 @@ static int glu_forward(glu_side *s, const glu_case *c, int training, k3rt_error 
 {
     k3rt_fwd_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = s->s;
-    a.batch = c->B, a.seq = c->T;
     a.training = training;
     a.x = act_view(s, s->x, c);
     a.y = act_view(s, s->y, c);
-    a.params = s->params;
-    a.n_params = 3;
-    a.saved = training ? s->saved : NULL;
-    a.saved_bytes = training ? s->mem.saved_bytes : 0;
-    a.workspace = s->ws;
-    a.workspace_bytes = s->mem.workspace_bytes;
-    return plugin("dense_glu")->vt.moe.forward(s->m.self, &a, err);
+    return rig_forward(&s->m, &a, err);
 }
 
 static int glu_backward(glu_side *s, const glu_case *c, k3rt_error *err)
 {
     k3rt_bwd_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = s->s;
-    a.batch = c->B, a.seq = c->T;
     a.x = act_view(s, s->x, c);
     a.dy = act_view(s, s->dy, c);
     a.dx = act_view(s, s->dx, c);
-    a.params = s->params;
-    a.grads = s->grads;
-    a.n_params = 3;
-    a.saved = s->saved;
-    a.saved_bytes = s->mem.saved_bytes;
-    a.workspace = s->ws;
-    a.workspace_bytes = s->mem.workspace_bytes;
-    return plugin("dense_glu")->vt.moe.backward(s->m.self, &a, err);
+    return rig_backward(&s->m, &a, err);
 }
 
 /* Inputs shared by both sides: exact in the device dtype (gradients' start in f32). */
@@ -272,12 +252,11 @@ static void glu_side_init(glu_side *s, const glu_case *c, const char *cfg, int d
     s->host = host_side(device, dtype);
     s->s = device == K3RT_DEVICE_CPU ? H : G;
     create(&s->m, "dense_glu", cfg, dtype, device, c->d, NULL, 0);
-    ck_assert_int_eq(module_n_params(&s->m), 3);
-    ck_assert_int_eq(module_param(&s->m, 0)->shape[0], c->H);
-    TU_OK(module_memory(&s->m, c->B, c->T, &s->mem, &err), err);
+    ck_assert_int_eq(rig_n_params(&s->m), 3);
+    ck_assert_int_eq(rig_param(&s->m, 0)->shape[0], c->H);
     int cpu = s->host;
     for (int i = 0; i < 3; i++) {
-        const k3rt_param_decl *pd = module_param(&s->m, i);
+        const k3rt_param_decl *pd = rig_param(&s->m, i);
         s->params[i] = k3rt_tensor_view(NULL, dtype, device, 2, pd->shape[0], pd->shape[1], 0, 0);
         s->grads[i] = s->params[i];
         s->grads[i].dtype = s->gdtype;
@@ -291,37 +270,34 @@ static void glu_side_init(glu_side *s, const glu_case *c, const char *cfg, int d
     if (cpu) {
         s->y = calloc((size_t)in->n, sizeof(double));
         s->dx = calloc((size_t)in->n, sizeof(double));
-        s->saved = malloc((size_t)s->mem.saved_bytes);
-        s->ws = malloc((size_t)s->mem.workspace_bytes);
     } else {
         s->y = dev_alloc(nbytes(dtype, in->n));
         s->dx = dev_alloc(nbytes(dtype, in->n));
-        s->saved = dev_alloc((size_t)s->mem.saved_bytes);
-        s->ws = dev_alloc((size_t)s->mem.workspace_bytes);
     }
+    TU_OK(rig_bind_params(&s->m, s->params, s->grads, &err), err);
+    TU_OK(rig_alloc_shape(&s->m, c->B, c->T, 0, &err), err);
 }
 
 static void glu_side_free(glu_side *s)
 {
+    rig_destroy(&s->m);
     void *bufs[] = {s->params[0].data, s->params[1].data, s->params[2].data, s->grads[0].data,
-                    s->grads[1].data, s->grads[2].data, s->x, s->dy, s->y, s->dx, s->saved,
-                    s->ws};
+                    s->grads[1].data, s->grads[2].data, s->x, s->dy, s->y, s->dx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (s->host)
             free(bufs[i]);
         else
             k3rt_free(DEV, bufs[i]);
     }
-    module_destroy(&s->m);
 }
 
 /* Poisons every output and scratch buffer of the device side. */
 static void glu_poison(glu_side *s, int64_t n)
 {
+    k3rt_error err = {0};
     dev_poison(s->y, nbytes(s->dtype, n));
     dev_poison(s->dx, nbytes(s->dtype, n));
-    dev_poison(s->saved, (size_t)s->mem.saved_bytes);
-    dev_poison(s->ws, (size_t)s->mem.workspace_bytes);
+    TU_OK(rig_fill_buffers(&s->m, 0xff, &err), err);
 }
 
 static void glu_compare(const glu_case *c, const char *act, int dtype)
@@ -373,7 +349,7 @@ static void glu_compare(const glu_case *c, const char *act, int dtype)
     for (int i = 0; i < 3; i++)
         gk[i] = raw_get(dev.grads[i].data, DEV, nbytes(dev.gdtype, in.pn[i]));
 
-    /* Inference keeps g, u, a in the workspace: the same y without a saved buffer. */
+    /* Inference: the same y. */
     glu_poison(&dev, in.n);
     TU_OK(glu_forward(&dev, c, 0, &err), err);
     expect_dev(where, "y (inference)", ref.y, dev.y, dtype, in.n, tol);
@@ -451,11 +427,9 @@ END_TEST
 enum { RES_LAYERS = 2, RES_S = 2 * RES_LAYERS };
 
 typedef struct res_side {
-    module m;
+    rig m;  /* the instance; its saved part at B x T */
     int dtype, device;
     k3rt_stream *s;
-    k3rt_memory mem;
-    void *saved;
 } res_side;
 
 typedef struct res_case {
@@ -473,13 +447,9 @@ static void res_side_init(res_side *s, const res_case *c, int dtype, int device)
     s->device = device;
     s->s = device == K3RT_DEVICE_CPU ? H : G;
     create(&s->m, "standard", NULL, dtype, device, c->d, NULL, 0);
-    TU_OK(module_memory(&s->m, c->B, c->T, &s->mem, &err), err);
-    if (device == K3RT_DEVICE_CPU) {
-        s->saved = malloc((size_t)s->mem.saved_bytes);
-    } else {
-        s->saved = dev_alloc((size_t)s->mem.saved_bytes);
-        dev_poison(s->saved, (size_t)s->mem.saved_bytes);
-    }
+    TU_OK(rig_alloc_shape(&s->m, c->B, c->T, 0, &err), err);
+    if (device != K3RT_DEVICE_CPU)
+        TU_OK(rig_fill_buffers(&s->m, 0xff, &err), err);
 }
 
 static k3rt_tensor res_view(const res_case *c, const res_side *s, void *p)
@@ -491,34 +461,35 @@ static k3rt_residual_args res_args(const res_case *c, res_side *s, int sub, void
 {
     k3rt_residual_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = s->s;
-    a.batch = c->B, a.seq = c->T;
     a.sublayer = sub;
-    a.n_sublayers = RES_S;
     a.t = res_view(c, s, t);
     a.training = 1;
-    a.saved = s->saved;
-    a.saved_bytes = s->mem.saved_bytes;
     return a;
 }
 
-typedef int (*res_fn)(void *, const k3rt_residual_args *, k3rt_error *);
-
 /* The call on both sides: an input t (same values; uploaded to a fresh device buffer), or an
- * output (ref receives into `ref_t`, the device into a poisoned buffer compared with it). */
-static void res_call(res_case *c, res_fn fn, const char *name, int sub, double *ref_t, int output)
+ * output (ref receives into `ref_t`, the device into a poisoned buffer compared with it).
+ * input: mix_backward's sublayer input (what mix wrote on the reference side), else NULL. */
+static void res_call(res_case *c, rig_residual_call call, const char *name, int sub,
+                     double *ref_t, int output, const double *input)
 {
     k3rt_error err = {0};
     k3rt_residual_args a = res_args(c, &c->ref, sub, ref_t);
-    TU_OK(fn(c->ref.m.self, &a, &err), err);
+    if (input)
+        a.sublayer_input = res_view(c, &c->ref, (void *)input);
+    TU_OK(rig_residual(&c->ref.m, call, &a, &err), err);
     void *dt = dev_alloc(nbytes(c->dtype, c->n));
+    void *din = input ? dev_from(c->dtype, input, c->n) : NULL;
     if (output)
         dev_poison(dt, nbytes(c->dtype, c->n));
     else
         dev_put(dt, c->dtype, ref_t, c->n);
     a = res_args(c, &c->dev, sub, dt);
-    TU_OK(fn(c->dev.m.self, &a, &err), err);
+    if (input)
+        a.sublayer_input = res_view(c, &c->dev, din);
+    TU_OK(rig_residual(&c->dev.m, call, &a, &err), err);
+    if (din)
+        k3rt_free(DEV, din);
     if (output) {
         char what[64];
         snprintf(what, sizeof what, "%s(%d)", name, sub);
@@ -530,35 +501,34 @@ static void res_call(res_case *c, res_fn fn, const char *name, int sub, double *
 /* The whole stream protocol: begin, mix/push per sublayer, finish, then the backward calls. */
 static void res_stream(res_case *c)
 {
-    const k3rt_residual_vtable *v = &plugin("standard")->vt.residual;
     double *t = malloc((size_t)c->n * sizeof(double));
+    double *xs = malloc((size_t)RES_S * (size_t)c->n * sizeof(double));
     double *in = randn(c->n, 1.0, c->dtype);
-    res_call(c, v->begin, "begin", 0, in, 0);
+    res_call(c, RIG_BEGIN, "begin", 0, in, 0, NULL);
     free(in);
     for (int s = 0; s < RES_S; s++) {
-        res_call(c, v->mix, "mix", s, t, 1);
+        res_call(c, RIG_MIX, "mix", s, xs + (int64_t)s * c->n, 1, NULL);
         double *y = randn(c->n, 1.0, c->dtype);
-        res_call(c, v->push, "push", s, y, 0);
+        res_call(c, RIG_PUSH, "push", s, y, 0, NULL);
         free(y);
     }
-    res_call(c, v->finish, "finish", RES_S, t, 1);
+    res_call(c, RIG_FINISH, "finish", RES_S, t, 1, NULL);
     double *dout = randn(c->n, 1.0, c->dtype);
-    res_call(c, v->finish_backward, "finish_backward", RES_S, dout, 0);
+    res_call(c, RIG_FINISH_BACKWARD, "finish_backward", RES_S, dout, 0, NULL);
     free(dout);
     for (int s = RES_S - 1; s >= 0; s--) {
-        res_call(c, v->push_backward, "push_backward", s, t, 1);
+        res_call(c, RIG_PUSH_BACKWARD, "push_backward", s, t, 1, NULL);
         double *dx = randn(c->n, 1.0, c->dtype);
-        res_call(c, v->mix_backward, "mix_backward", s, dx, 0);
+        res_call(c, RIG_MIX_BACKWARD, "mix_backward", s, dx, 0, xs + (int64_t)s * c->n);
         free(dx);
     }
-    res_call(c, v->begin_backward, "begin_backward", 0, t, 1);
-    free(t);
+    res_call(c, RIG_BEGIN_BACKWARD, "begin_backward", 0, t, 1, NULL);
+    free(t), free(xs);
 }
 
 /* op_forward / op_backward with n_src sources, with or without a partial sum. */
 static void res_op(res_case *c, int n_src, int with_partial)
 {
-    const k3rt_residual_vtable *v = &plugin("standard")->vt.residual;
     k3rt_error err = {0};
     char what[64];
     enum { MAXS = 3 };
@@ -586,9 +556,9 @@ static void res_op(res_case *c, int n_src, int with_partial)
         ra.partial = res_view(c, &c->ref, partial);
         da.partial = res_view(c, &c->dev, partial_d);
     }
-    TU_OK(v->op_forward(c->ref.m.self, &ra, &err), err);
+    TU_OK(rig_residual(&c->ref.m, RIG_OP_FORWARD, &ra, &err), err);
     dev_poison(t_d, nbytes(c->dtype, c->n));
-    TU_OK(v->op_forward(c->dev.m.self, &da, &err), err);
+    TU_OK(rig_residual(&c->dev.m, RIG_OP_FORWARD, &da, &err), err);
     snprintf(what, sizeof what, "op_forward %d src%s", n_src, with_partial ? "+partial" : "");
     expect_dev(c->where, what, t, t_d, c->dtype, c->n, tol_of(c->dtype));
 
@@ -597,17 +567,20 @@ static void res_op(res_case *c, int n_src, int with_partial)
     ra = res_args(c, &c->ref, 1, dt);
     dev_put(t_d, c->dtype, dt, c->n);
     da = res_args(c, &c->dev, 1, t_d);
+    ra.sources = rs, da.sources = ds;
     ra.d_sources = rds, da.d_sources = dds;
     ra.n_sources = da.n_sources = n_src;
     if (with_partial) {
+        ra.partial = res_view(c, &c->ref, partial);
+        da.partial = res_view(c, &c->dev, partial_d);
         ra.d_partial = res_view(c, &c->ref, d_partial);
         da.d_partial = res_view(c, &c->dev, d_partial_d);
     }
-    TU_OK(v->op_backward(c->ref.m.self, &ra, &err), err);
+    TU_OK(rig_residual(&c->ref.m, RIG_OP_BACKWARD, &ra, &err), err);
     for (int j = 0; j < n_src; j++)
         dev_poison(d_src_d[j], nbytes(c->dtype, c->n));
     dev_poison(d_partial_d, nbytes(c->dtype, c->n));
-    TU_OK(v->op_backward(c->dev.m.self, &da, &err), err);
+    TU_OK(rig_residual(&c->dev.m, RIG_OP_BACKWARD, &da, &err), err);
     for (int j = 0; j < n_src; j++) {
         snprintf(what, sizeof what, "op_backward d_src.%d", j);
         expect_dev(c->where, what, d_src[j], d_src_d[j], c->dtype, c->n, tol_of(c->dtype));
@@ -649,10 +622,8 @@ START_TEST(standard_residual_vs_cpu)
             res_op(&c, 1, 0);
             res_op(&c, 3, 1);
             res_op(&c, 2, 1);
-            free(c.ref.saved);
-            k3rt_free(DEV, c.dev.saved);
-            module_destroy(&c.ref.m);
-            module_destroy(&c.dev.m);
+            rig_destroy(&c.ref.m);
+            rig_destroy(&c.dev.m);
         }
 }
 END_TEST
@@ -670,7 +641,7 @@ static const char *ACFG = "{\"beta1\": 0.9, \"beta2\": 0.99, \"eps\": 1e-8, "
                           "\"weight_decay\": 0.1}";
 
 typedef struct opt_side {
-    module m;
+    rig m;
     int device, dtype, host;
     k3rt_param_decl decls[AP];
     k3rt_param_ref refs[AP];
@@ -735,7 +706,7 @@ static void opt_side_free(opt_side *s)
     } else {
         k3rt_free(DEV, s->pbuf), k3rt_free(DEV, s->gbuf);
     }
-    module_destroy(&s->m);
+    rig_destroy(&s->m);
 }
 
 static int opt_step(opt_side *s, const double *g, double lr, int64_t number, k3rt_error *err)
@@ -744,15 +715,7 @@ static int opt_step(opt_side *s, const double *g, double lr, int64_t number, k3r
         memcpy(s->gbuf, g, (size_t)a_total() * sizeof(double));
     else
         dev_put(s->gbuf, K3RT_F32, g, a_total());
-    k3rt_optimizer_step a;
-    memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = s->device == K3RT_DEVICE_CPU ? H : G;
-    a.lr = lr;
-    a.step = number;
-    a.params = s->refs;
-    a.n_params = AP;
-    return plugin("adamw")->vt.optimizer.step(s->m.self, &a, err);
+    return rig_step(&s->m, NULL, lr, number, s->refs, AP, err);
 }
 
 /* The state tensor `name` of s, in double on the host. */
@@ -760,7 +723,7 @@ static double *opt_state(opt_side *s, const char *name, int64_t n)
 {
     k3rt_error err = {0};
     k3rt_tensor_sink sink;
-    TU_OK(module_state(&s->m, &sink, &err), err);
+    TU_OK(rig_state(&s->m, &sink, &err), err);
     double *out = NULL;
     for (int i = 0; i < sink.n && !out; i++) {
         const k3rt_tensor *t = &sink.items[i].t;
@@ -820,8 +783,8 @@ static void opt_state_copy(opt_side *from, opt_side *to)
 {
     k3rt_error err = {0};
     k3rt_tensor_sink a, b;
-    TU_OK(module_state(&from->m, &a, &err), err);
-    TU_OK(module_state(&to->m, &b, &err), err);
+    TU_OK(rig_state(&from->m, &a, &err), err);
+    TU_OK(rig_state(&to->m, &b, &err), err);
     ck_assert_int_eq(a.n, 2 * AP + 1);
     ck_assert_int_eq(a.n, b.n);
     for (int i = 0; i < a.n; i++) {
@@ -840,7 +803,7 @@ static void opt_state_copy(opt_side *from, opt_side *to)
     }
     tensor_sink_free(&a);
     tensor_sink_free(&b);
-    TU_OK(plugin("adamw")->inst.state_loaded(to->m.self, &err), err);
+    TU_OK(rig_state_loaded(&to->m, &err), err);
 }
 
 START_TEST(adamw_vs_cpu_and_state_round_trip)
@@ -898,7 +861,7 @@ START_TEST(adamw_vs_cpu_and_state_round_trip)
 }
 END_TEST
 
-/* ---- bad input on the device: refused with a message, nothing launched ---------------------- */
+/* ---- bad input on the device: the host refuses it with a message, nothing launched ------ */
 
 START_TEST(host_tensors_refused_on_device)
 {
@@ -921,31 +884,18 @@ START_TEST(host_tensors_refused_on_device)
     glu_side_init(&dev, &c, cfg, K3RT_F32, DEV, &in);
     k3rt_fwd_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = G;
-    a.batch = c.B, a.seq = c.T;
     a.x = k3rt_tensor_view(in.x, K3RT_F32, K3RT_DEVICE_CPU, 3, c.B, c.T, c.d, 0);
     a.y = act_view(&dev, dev.y, &c);
-    a.params = dev.params;
-    a.n_params = 3;
-    a.workspace = dev.ws;
-    a.workspace_bytes = dev.mem.workspace_bytes;
-    ck_assert_int_eq(plugin("dense_glu")->vt.moe.forward(dev.m.self, &a, &err),
-                     K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "dense_glu x: on the CPU, but the instance runs on cuda:0"),
-                  "%s", err.msg);
-    a.x = act_view(&dev, dev.x, &c);
-    a.stream = H;
-    ck_assert_int_eq(plugin("dense_glu")->vt.moe.forward(dev.m.self, &a, &err),
-                     K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "stream of the CPU"), "%s", err.msg);
+    ck_assert_int_eq(rig_forward(&dev.m, &a, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "forward: x: expected f32 [1, 2, 8] on cuda:0, got f32 "
+                         "[1, 2, 8] on the CPU"), "%s", err.msg);
     glu_side_free(&dev);
     /* bf16 compute accumulates weight gradients in f32 buffers (k3rt/ops.h) */
     glu_side_init(&dev, &c, cfg, K3RT_BF16, DEV, &in);
     dev.grads[0].dtype = K3RT_BF16;
-    ck_assert_int_eq(glu_backward(&dev, &c, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "gradient of gate_proj.weight: expected dtype f32, got bf16"),
-                  "%s", err.msg);
+    ck_assert_int_eq(rig_bind_params(&dev.m, dev.params, dev.grads, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "gradient of gate_proj.weight: expected f32"), "%s", err.msg);
+    dev.grads[0].dtype = K3RT_F32;
     glu_side_free(&dev);
     for (int i = 0; i < 3; i++)
         free(in.p[i]), free(in.g0[i]);
@@ -958,8 +908,8 @@ START_TEST(host_tensors_refused_on_device)
     opt_side_init(&o, DEV, K3RT_F32, p0);
     o.refs[2].grad.device = K3RT_DEVICE_CPU;
     ck_assert_int_eq(opt_step(&o, g, 1e-3, 1, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "p2: weights on cuda:0 and gradient on the CPU"), "%s",
-                  err.msg);
+    ck_assert_msg(strstr(err.msg, "gradient of p2: expected f32 [1001] on cuda:0, got f32 "
+                         "[1001] on the CPU"), "%s", err.msg);
     o.refs[2].grad.device = DEV;
     TU_OK(opt_step(&o, g, 1e-3, 1, &err), err);
     opt_side_free(&o);
@@ -973,12 +923,10 @@ START_TEST(host_tensors_refused_on_device)
     double host[8] = {0};
     k3rt_residual_args ra = res_args(&rc, &rc.dev, 0, host);
     ra.t.device = K3RT_DEVICE_CPU;
-    ck_assert_int_eq(plugin("standard")->vt.residual.begin(rc.dev.m.self, &ra, &err),
-                     K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "standard residual t: on the CPU, but the instance runs on "
-                         "cuda:0"), "%s", err.msg);
-    k3rt_free(DEV, rc.dev.saved);
-    module_destroy(&rc.dev.m);
+    ck_assert_int_eq(rig_residual(&rc.dev.m, RIG_BEGIN, &ra, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "begin: t: expected f32 [1, 2, 4] on cuda:0, got f32 "
+                         "[1, 2, 4] on the CPU"), "%s", err.msg);
+    rig_destroy(&rc.dev.m);
 }
 END_TEST
 

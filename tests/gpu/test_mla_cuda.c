@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/module.h"
+#include "plugin/rig.h"
 #include "plugin/registry.h"
 #include "plugin/sinks.h"
 #include "testutil/testutil.h"
@@ -445,73 +445,52 @@ static json_t *pcfg_json(const pcfg *c, int dtype)
     return j;
 }
 
-static void make_module(module *m, const pcfg *c, int dtype, int device, k3rt_stream *s)
+static void make_module(rig *m, const pcfg *c, int dtype, int device, k3rt_stream *s, int det)
 {
     k3rt_error err = {0};
     k3rt_create_args a;
     memset(&a, 0, sizeof a);
     a.struct_size = sizeof a;
     a.dtype = dtype, a.device = device, a.d_model = c->d, a.vocab = 32, a.n_layers = 1;
-    a.stream = s, a.seed = 5;
+    a.stream = s, a.seed = 5, a.deterministic = det;
     json_t *j = pcfg_json(c, dtype);
-    TU_OK(module_create(m, load_mla(), j, &a, "test", &err), err);
+    TU_OK(rig_create(m, load_mla(), j, &a, "test", &err), err);
     json_decref(j);
 }
 
-/* Runs forward + backward of module m on stream s with the given host (CPU) or device
- * buffers; poisons what the plugin must write when on the device. */
-static void run_module(module *m, k3rt_stream *s, int device, int dtype, const pcfg *c, int det,
-                       void *x, void *y, void *dy, void *dx, k3rt_tensor *params,
-                       k3rt_tensor *grads, int np)
+/* Runs forward + backward of module m with the given host (CPU) or device buffers through the
+ * host's rig; poisons what the plugin must write when on the device. */
+static void run_module(rig *m, int device, int dtype, const pcfg *c, void *x, void *y, void *dy,
+                       void *dx, k3rt_tensor *params, k3rt_tensor *grads)
 {
     k3rt_error err = {0};
-    k3rt_memory mem;
-    TU_OK(module_memory(m, c->B, c->T, &mem, &err), err);
-    void *saved, *ws;
-    if (device == K3RT_DEVICE_CPU) {
-        saved = malloc((size_t)mem.saved_bytes + 1);
-        ws = malloc((size_t)mem.workspace_bytes + 1);
-    } else {
-        saved = dalloc((size_t)mem.saved_bytes);
-        ws = dalloc((size_t)mem.workspace_bytes);
-        poison(saved, (size_t)mem.saved_bytes), poison(ws, (size_t)mem.workspace_bytes);
+    TU_OK(rig_bind_params(m, params, grads, &err), err);
+    TU_OK(rig_alloc_shape(m, c->B, c->T, 0, &err), err);
+    if (device != K3RT_DEVICE_CPU) {
+        TU_OK(rig_fill_buffers(m, 0xff, &err), err);
         poison(y, (size_t)(c->B * c->T * c->d) * k3rt_dtype_size(dtype));
         poison(dx, (size_t)(c->B * c->T * c->d) * k3rt_dtype_size(dtype));
     }
     k3rt_fwd_args f;
     memset(&f, 0, sizeof f);
-    f.struct_size = sizeof f;
-    f.training = 1, f.stream = s, f.batch = c->B, f.seq = c->T;
+    f.training = 1;
     f.x = k3rt_tensor_view(x, dtype, device, 3, c->B, c->T, c->d, 0);
     f.y = k3rt_tensor_view(y, dtype, device, 3, c->B, c->T, c->d, 0);
-    f.params = params, f.n_params = np;
-    f.saved = saved, f.saved_bytes = mem.saved_bytes;
-    f.workspace = ws, f.workspace_bytes = mem.workspace_bytes;
-    TU_OK(m->e->vt.attention.forward(m->self, &f, &err), err);
+    TU_OK(rig_forward(m, &f, &err), err);
     k3rt_bwd_args b;
     memset(&b, 0, sizeof b);
-    b.struct_size = sizeof b;
-    b.stream = s, b.batch = c->B, b.seq = c->T, b.deterministic = det;
     b.x = f.x, b.dy = k3rt_tensor_view(dy, dtype, device, 3, c->B, c->T, c->d, 0);
     b.dx = k3rt_tensor_view(dx, dtype, device, 3, c->B, c->T, c->d, 0);
-    b.params = params, b.grads = grads, b.n_params = np;
-    b.saved = saved, b.saved_bytes = mem.saved_bytes;
-    b.workspace = ws, b.workspace_bytes = mem.workspace_bytes;
-    TU_OK(m->e->vt.attention.backward(m->self, &b, &err), err);
-    TU_OK(k3rt_stream_sync(s, &err), err);
-    if (device == K3RT_DEVICE_CPU) {
-        free(saved), free(ws);
-    } else {
-        k3rt_free(0, saved), k3rt_free(0, ws);
-    }
+    TU_OK(rig_backward(m, &b, &err), err);
+    TU_OK(k3rt_stream_sync(m->stream, &err), err);
 }
 
 /* The per-head max logits the module reports. */
-static void max_logits(module *m, double *out, int64_t H)
+static void max_logits(rig *m, double *out, int64_t H)
 {
     k3rt_error err = {0};
     k3rt_tensor_sink sink;
-    TU_OK(module_stats(m, &sink, &err), err);
+    TU_OK(rig_stats(m, &sink, &err), err);
     ck_assert_int_eq(sink.n, 1);
     ck_assert_str_eq(sink.items[0].name, "max_logit");
     const float *v = sink.items[0].t.data;
@@ -547,22 +526,22 @@ static void plugin_case(int dtype, const pcfg *c, int det)
              c->kernel && dtype == K3RT_BF16 ? c->kernel : "auto");
     /* The CPU reference: f64 for f32 runs, f32 (on bf16-rounded values) for bf16 runs. */
     int ct = dtype == K3RT_BF16 ? K3RT_F32 : K3RT_F64, gt = dtype == K3RT_BF16 ? K3RT_F32 : dtype;
-    module mc, mg;
-    make_module(&mc, c, ct, K3RT_DEVICE_CPU, C);
-    make_module(&mg, c, dtype, 0, G);
-    int np = module_n_params(&mc);
-    ck_assert_int_eq(np, module_n_params(&mg));
+    rig mc, mg;
+    make_module(&mc, c, ct, K3RT_DEVICE_CPU, C, det);
+    make_module(&mg, c, dtype, 0, G, det);
+    int np = rig_n_params(&mc);
+    ck_assert_int_eq(np, rig_n_params(&mg));
     k3rt_tensor *pc = calloc((size_t)np, sizeof *pc), *gc = calloc((size_t)np, sizeof *gc);
     k3rt_tensor *pg = calloc((size_t)np, sizeof *pg), *gg = calloc((size_t)np, sizeof *gg);
     double **g0 = calloc((size_t)np, sizeof *g0);
     for (int i = 0; i < np; i++) {
-        const k3rt_param_decl *p = module_param(&mc, i);
+        const k3rt_param_decl *p = rig_param(&mc, i);
         k3rt_tensor t = k3rt_tensor_view(NULL, K3RT_F64, K3RT_DEVICE_CPU, p->ndim, p->shape[0],
                                          p->shape[1], 0, 0);
         int64_t n = k3rt_tensor_numel(&t);
         double *w = malloc((size_t)n * sizeof *w);
         t.data = w;
-        TU_OK(module_init_param(&mc, i, t, 11, p->name, &err), err);
+        TU_OK(rig_init_param(&mc, i, t, 11, p->name, &err), err);
         /* Norm gains start at 1: move them off it so their use is tested. */
         if (p->ndim == 1)
             for (int64_t e = 0; e < n; e++)
@@ -583,8 +562,8 @@ static void plugin_case(int dtype, const pcfg *c, int det)
     void *xc = host_as(x, nx, ct), *dyc = host_as(dy, nx, ct);
     void *yc = malloc(cbytes), *dxc = malloc(cbytes);
 
-    run_module(&mc, C, K3RT_DEVICE_CPU, ct, c, det, xc, yc, dyc, dxc, pc, gc, np);
-    run_module(&mg, G, 0, dtype, c, det, xg, yg, dyg, dxg, pg, gg, np);
+    run_module(&mc, K3RT_DEVICE_CPU, ct, c, xc, yc, dyc, dxc, pc, gc);
+    run_module(&mg, 0, dtype, c, xg, yg, dyg, dxg, pg, gg);
 
     double tol = tol_of(dtype), worst = 0;
     double *ry = as_double(yc, nx, ct), *gy = download(yg, nx, dtype);
@@ -594,7 +573,7 @@ static void plugin_case(int dtype, const pcfg *c, int det)
     e = expect_close("dx", ctx, rdx, gdx, nx, tol);
     worst = e > worst ? e : worst;
     for (int i = 0; i < np; i++) {
-        const char *name = module_param(&mc, i)->name;
+        const char *name = rig_param(&mc, i)->name;
         int64_t n = k3rt_tensor_numel(&pc[i]);
         double *rg = as_double(gc[i].data, n, ct), *dg = download(gg[i].data, n, gt);
         for (int64_t k = 0; k < n; k++)
@@ -610,7 +589,7 @@ static void plugin_case(int dtype, const pcfg *c, int det)
     if (c->kernel && dtype == K3RT_BF16 && !strcmp(c->kernel, "cudnn")) {
         /* report_max_logit = false: no statistic at all. */
         k3rt_tensor_sink sink;
-        TU_OK(module_stats(&mg, &sink, &err), err);
+        TU_OK(rig_stats(&mg, &sink, &err), err);
         if (sink.n != 0)
             record_failure("%s: %d statistics reported under report_max_logit = false", ctx,
                            sink.n);
@@ -620,7 +599,7 @@ static void plugin_case(int dtype, const pcfg *c, int det)
         max_logits(&mg, mlg, c->H);
         em = expect_log_close("per-head max logit", ctx, mlc, mlg, c->H, tol);
         /* After reset_stats nothing is reported but -inf. */
-        mg.e->inst.reset_stats(mg.self);
+        rig_reset_stats(&mg);
         max_logits(&mg, mlg, c->H);
         if (!(isinf(mlg[0]) && mlg[0] < 0))
             record_failure("%s max logit: %g after reset_stats, not -inf", ctx, mlg[0]);
@@ -640,8 +619,8 @@ static void plugin_case(int dtype, const pcfg *c, int det)
     free(pc), free(gc), free(pg), free(gg), free(g0);
     k3rt_free(0, xg), k3rt_free(0, dyg), k3rt_free(0, yg), k3rt_free(0, dxg);
     free(x), free(dy), free(xc), free(dyc), free(yc), free(dxc);
-    module_destroy(&mc);
-    module_destroy(&mg);
+    rig_destroy(&mc);
+    rig_destroy(&mg);
 }
 
 START_TEST(plugin_vs_cpu)
@@ -683,35 +662,37 @@ START_TEST(plugin_refuses)
     k3rt_create_args a;
     memset(&a, 0, sizeof a);
     a.struct_size = sizeof a;
-    a.dtype = K3RT_F64, a.device = 0, a.d_model = 16, a.stream = G;
-    module m;
+    a.dtype = K3RT_F64, a.device = 0, a.d_model = 16, a.n_layers = 1, a.stream = G;
+    rig m;
     json_t *j = json_pack("{s:i}", "heads", 2);
-    ck_assert_int_ne(module_create(&m, e, j, &a, "test", &err), 0);
+    ck_assert_int_ne(rig_create(&m, e, j, &a, "test", &err), 0);
     ck_assert_ptr_nonnull(strstr(err.msg, "f32 or bf16"));
     json_decref(j);
 
-    /* A CUDA instance called on a CPU stream, and with host tensors. */
+    /* A CUDA instance handed host tensors: the host refuses before anything launches. */
     const pcfg c = {2, 0, 8, 4, 2, 4, 1, 16, 1, 5, NULL};
-    make_module(&m, &c, K3RT_F32, 0, G);
-    k3rt_memory mem;
-    TU_OK(module_memory(&m, 1, 5, &mem, &err), err);
-    void *buf = dalloc((size_t)(mem.saved_bytes + mem.workspace_bytes + 4096));
+    make_module(&m, &c, K3RT_F32, 0, G, 0);
+    int np = rig_n_params(&m);
+    k3rt_tensor *p = calloc((size_t)np, sizeof *p), *g = calloc((size_t)np, sizeof *g);
+    for (int i = 0; i < np; i++) {
+        const k3rt_param_decl *d = rig_param(&m, i);
+        p[i] = k3rt_tensor_view(NULL, K3RT_F32, 0, d->ndim, d->shape[0], d->shape[1], 0, 0);
+        p[i].data = dalloc(k3rt_tensor_bytes(&p[i]));
+        g[i] = p[i], g[i].data = dalloc(k3rt_tensor_bytes(&g[i]));
+    }
+    TU_OK(rig_bind_params(&m, p, g, &err), err);
+    TU_OK(rig_alloc_shape(&m, 1, 5, 0, &err), err);
     float hx[80] = {0};
     k3rt_fwd_args f;
     memset(&f, 0, sizeof f);
-    f.struct_size = sizeof f;
-    f.stream = C, f.batch = 1, f.seq = 5;
     f.x = k3rt_tensor_view(hx, K3RT_F32, K3RT_DEVICE_CPU, 3, 1, 5, 16, 0);
     f.y = f.x;
-    f.saved = buf, f.saved_bytes = mem.saved_bytes;
-    f.workspace = buf, f.workspace_bytes = mem.workspace_bytes;
-    ck_assert_int_ne(m.e->vt.attention.forward(m.self, &f, &err), 0);
-    ck_assert_ptr_nonnull(strstr(err.msg, "stream"));
-    f.stream = G;
-    ck_assert_int_ne(m.e->vt.attention.forward(m.self, &f, &err), 0);
-    ck_assert_ptr_nonnull(strstr(err.msg, "device tensor"));
-    k3rt_free(0, buf);
-    module_destroy(&m);
+    ck_assert_int_ne(rig_forward(&m, &f, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "on cuda:0, got f32 [1, 5, 16] on the CPU"));
+    rig_destroy(&m);
+    for (int i = 0; i < np; i++)
+        k3rt_free(0, p[i].data), k3rt_free(0, g[i].data);
+    free(p), free(g);
 }
 END_TEST
 

@@ -68,7 +68,8 @@ static const struct {
     {"leaky_state.so", "", "FAIL  state()", "diverges from the original"},
     {"leaky_wrong_sign.so", "", "FAIL  update", "moved with the load"},
     {"leaky_local.so", "", "FAIL  data parallel", "different biases"},
-    {"wrong_major.so", "", "FAIL  load", "the major version must match"},
+    {"wrong_major.so", "", "FAIL  load", "upgrade k3rt, or rebuild the plugin"},
+    {"abi1_plugin.so", "", "FAIL  load", "rebuild it against this k3rt's SDK"},
     {"newer_minor.so", "", "FAIL  load", "newer than this k3rt's ABI"},
 };
 

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "testutil/testutil.h"
-#include "model/module.h"
+#include "plugin/rig.h"
 #include "plugin/fdcheck.h"
 #include "plugin/registry.h"
 #include "plugins/attnres_ref.h"
@@ -23,10 +23,8 @@ static inline const plugin_entry *plugin(void) { return tu_plugin("block_attnres
 /* ---- harness: one instance with its parameters, saved and workspace ------------------------ */
 
 typedef struct harness {
-    module m;
+    rig m;  /* the instance; its saved part and workspace at B x T */
     k3rt_stream *s;
-    k3rt_memory mem;
-    void *saved, *ws;
     int dtype, L, S, np;
     int64_t B, T, d, n;    /* n = B*T*d */
     k3rt_tensor *params, *grads;
@@ -50,12 +48,9 @@ static inline void harness_init(harness *h, int dtype, int L, int64_t B, int64_t
     a.stream = h->s;
     json_t *cfg = json_loads(config ? config : "{}", 0, NULL);
     ck_assert_ptr_nonnull(cfg);
-    TU_OK(module_create(&h->m, plugin(), cfg, &a, "model.residual", &err), err);
+    TU_OK(rig_create(&h->m, plugin(), cfg, &a, "model.residual", &err), err);
     json_decref(cfg);
-    TU_OK(module_memory(&h->m, B, T, &h->mem, &err), err);
-    h->saved = calloc(1, (size_t)h->mem.saved_bytes);
-    h->ws = calloc(1, (size_t)h->mem.workspace_bytes);
-    h->np = module_n_params(&h->m);
+    h->np = rig_n_params(&h->m);
     h->params = calloc((size_t)h->np, sizeof *h->params);
     h->grads = calloc((size_t)h->np, sizeof *h->grads);
     for (int i = 0; i < h->np; i++) {
@@ -63,19 +58,21 @@ static inline void harness_init(harness *h, int dtype, int L, int64_t B, int64_t
         h->params[i] = t, h->grads[i] = t;
         h->params[i].data = calloc((size_t)d, k3rt_dtype_size(dtype));
         h->grads[i].data = calloc((size_t)d, k3rt_dtype_size(dtype));
-        TU_OK(module_init_param(&h->m, i, h->params[i], 1, module_param(&h->m, i)->name, &err),
+        TU_OK(rig_init_param(&h->m, i, h->params[i], 1, rig_param(&h->m, i)->name, &err),
               err);
     }
+    TU_OK(rig_bind_params(&h->m, h->params, h->grads, &err), err);
+    TU_OK(rig_alloc_shape(&h->m, B, T, 0, &err), err);
 }
 
 static inline void harness_free(harness *h)
 {
+    rig_destroy(&h->m);
     for (int i = 0; i < h->np; i++) {
         free(h->params[i].data);
         free(h->grads[i].data);
     }
-    free(h->params), free(h->grads), free(h->saved), free(h->ws);
-    module_destroy(&h->m);
+    free(h->params), free(h->grads);
     k3rt_stream_destroy(h->s);
 }
 
@@ -98,34 +95,21 @@ static inline void random_params(harness *h, double qs, uint64_t seed)
     }
 }
 
-static inline k3rt_residual_args args(harness *h, int s, void *t, int backward)
+static inline k3rt_residual_args args(harness *h, int s, void *t)
 {
     k3rt_residual_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = h->s;
-    a.batch = h->B, a.seq = h->T;
     a.sublayer = s;
-    a.n_sublayers = h->S;
     a.t = k3rt_tensor_view(t, h->dtype, K3RT_DEVICE_CPU, 3, h->B, h->T, h->d, 0);
-    a.params = h->params;
-    a.grads = backward ? h->grads : NULL;
-    a.n_params = h->np;
     a.training = 1;
-    a.saved = h->saved;
-    a.saved_bytes = h->mem.saved_bytes;
-    a.workspace = h->ws;
-    a.workspace_bytes = h->mem.workspace_bytes;
     return a;
 }
 
-typedef int (*res_fn)(void *, const k3rt_residual_args *, k3rt_error *);
-
-static inline void call(harness *h, res_fn fn, int s, void *t, int backward)
+static inline void call(harness *h, rig_residual_call which, int s, void *t)
 {
     k3rt_error err = {0};
-    k3rt_residual_args a = args(h, s, t, backward);
-    TU_OK(fn(h->m.self, &a, &err), err);
+    k3rt_residual_args a = args(h, s, t);
+    TU_OK(rig_residual(&h->m, which, &a, &err), err);
 }
 
 /* ---- a toy model over the protocol: sublayer s is y = tanh(g_s * x) ------------------------ */
@@ -144,7 +128,6 @@ static inline void toy(int s, const double *x, double *y, int64_t n, int64_t d)
 static inline void run_model(harness *h, const double *emb, double *xs, double *out, const double *dout,
                       double *demb)
 {
-    const k3rt_residual_vtable *v = &plugin()->vt.residual;
     int64_t n = h->n;
     size_t es = k3rt_dtype_size(h->dtype);
     char *buf = malloc((size_t)(h->S + 3) * (size_t)n * es);
@@ -155,23 +138,23 @@ static inline void run_model(harness *h, const double *emb, double *xs, double *
 #define FROM(dst, src) TU_OK(k3rt_convert(dst, K3RT_F64, src, h->dtype, n, &err), err)
     double *y = malloc((size_t)n * sizeof *y), *dx = malloc((size_t)n * sizeof *dx);
     TO(t, emb);
-    call(h, v->begin, 0, t, 0);
+    call(h, RIG_BEGIN, 0, t);
     for (int s = 0; s < h->S; s++) {
-        call(h, v->mix, s, SLOT(s), 0);
+        call(h, RIG_MIX, s, SLOT(s));
         FROM(xs + (int64_t)s * n, SLOT(s));
         toy(s, xs + (int64_t)s * n, y, n, h->d);
         TO(t, y);
-        call(h, v->push, s, t, 0);
+        call(h, RIG_PUSH, s, t);
     }
-    call(h, v->finish, h->S, t, 0);
+    call(h, RIG_FINISH, h->S, t);
     FROM(out, t);
     if (dout) {
         for (int i = 0; i < h->np; i++)
             memset(h->grads[i].data, 0, (size_t)h->d * es);
         TO(t, dout);
-        call(h, v->finish_backward, h->S, t, 1);
+        call(h, RIG_FINISH_BACKWARD, h->S, t);
         for (int s = h->S - 1; s >= 0; s--) {
-            call(h, v->push_backward, s, t, 1);
+            call(h, RIG_PUSH_BACKWARD, s, t);
             FROM(y, t);
             const double *x = xs + (int64_t)s * n;
             for (int64_t i = 0; i < n; i++) {
@@ -179,12 +162,12 @@ static inline void run_model(harness *h, const double *emb, double *xs, double *
                 dx[i] = y[i] * (1 - th * th) * gate(s, i % h->d);
             }
             TO(t2, dx);
-            k3rt_residual_args a = args(h, s, t2, 1);
+            k3rt_residual_args a = args(h, s, t2);
             a.sublayer_input = k3rt_tensor_view(SLOT(s), h->dtype, K3RT_DEVICE_CPU, 3, h->B,
                                                 h->T, h->d, 0);
-            TU_OK(v->mix_backward(h->m.self, &a, &err), err);
+            TU_OK(rig_residual(&h->m, RIG_MIX_BACKWARD, &a, &err), err);
         }
-        call(h, v->begin_backward, 0, t, 1);
+        call(h, RIG_BEGIN_BACKWARD, 0, t);
         FROM(demb, t);
     }
 #undef SLOT

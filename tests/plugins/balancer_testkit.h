@@ -12,7 +12,7 @@
 
 #include "testutil/testutil.h"
 #include "comm/comm_impl.h"
-#include "model/module.h"
+#include "plugin/rig.h"
 #include "plugin/registry.h"
 #include "plugin/sinks.h"
 
@@ -35,7 +35,7 @@ static inline const plugin_entry *bk_plugin(const char *name)
     return e;
 }
 
-static inline int bk_create(module *m, const char *name, const char *cfg_text, int E, int k,
+static inline int bk_create(rig *m, const char *name, const char *cfg_text, int E, int k,
                      k3rt_comm *comm, k3rt_stream *s, k3rt_error *err)
 {
     json_t *cfg = json_loads(cfg_text, 0, NULL);
@@ -51,26 +51,25 @@ static inline int bk_create(module *m, const char *name, const char *cfg_text, i
     a.top_k = k;
     a.comm = comm;
     a.stream = s;
-    int rc = module_create(m, bk_plugin(name), cfg, &a, "layers.0.balancer", err);
+    int rc = rig_create(m, bk_plugin(name), cfg, &a, "layers.0.balancer", err);
     json_decref(cfg);
     return rc;
 }
 
-static inline const float *bk_bias(module *m)
+static inline const float *bk_bias(rig *m)
 {
     k3rt_tensor t;
     k3rt_error err = {0};
-    TU_OK(m->e->vt.balancer.bias(m->self, &t, &err), err);
-    ck_assert_int_eq(t.dtype, K3RT_F32);
+    TU_OK(rig_bias(m, &t, &err), err);
     return t.data;
 }
 
 /* The live bias through state() ("bias"), for tests that set a starting bias. */
-static inline float *bk_state_bias(module *m)
+static inline float *bk_state_bias(rig *m)
 {
     struct k3rt_tensor_sink sink;
     k3rt_error err = {0};
-    TU_OK(module_state(m, &sink, &err), err);
+    TU_OK(rig_state(m, &sink, &err), err);
     ck_assert_int_eq(sink.n, 1);
     ck_assert_str_eq(sink.items[0].name, "bias");
     float *b = sink.items[0].t.data;
@@ -153,17 +152,34 @@ static inline k3rt_routing bk_slice(const bk_batch *b, int64_t t0, int64_t n)
     return r;
 }
 
-static inline void bk_observe(module *m, k3rt_stream *s, const k3rt_routing *r)
+static inline void bk_observe(rig *m, const k3rt_routing *r)
 {
     k3rt_error err = {0};
-    if (m->e->vt.balancer.observe)
-        TU_OK(m->e->vt.balancer.observe(m->self, s, r, &err), err);
+    TU_OK(rig_observe(m, r, &err), err);
 }
 
-static inline void bk_update(module *m, k3rt_stream *s, k3rt_comm *dp, int64_t step)
+static inline void bk_update(rig *m, k3rt_comm *dp, int64_t step)
 {
     k3rt_error err = {0};
-    TU_OK(m->e->vt.balancer.update(m->self, s, dp, step, &err), err);
+    TU_OK(rig_update(m, dp, step, &err), err);
+}
+
+/* A one-token routing that carries just these counts (what aux_free reads): scores zero,
+ * experts 0 .. k-1 selected. sel and scores hold k and E entries. */
+static inline k3rt_routing bk_counts_routing(const int64_t *counts, int E, int k, int32_t *sel,
+                                             float *scores)
+{
+    k3rt_routing r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.batch = 1, r.seq = 1, r.experts = E, r.top_k = k;
+    for (int j = 0; j < k; j++)
+        sel[j] = j;
+    memset(scores, 0, (size_t)E * sizeof *scores);
+    r.scores = k3rt_tensor_view(scores, K3RT_F32, K3RT_DEVICE_CPU, 2, 1, E, 0, 0);
+    r.selected = k3rt_tensor_view(sel, K3RT_I32, K3RT_DEVICE_CPU, 2, 1, k, 0, 0);
+    r.counts = k3rt_tensor_view((void *)counts, K3RT_I64, K3RT_DEVICE_CPU, 1, E, 0, 0, 0);
+    return r;
 }
 
 /* (max load - mean load) / mean load */

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "testutil/testutil.h"
-#include "model/module.h"
+#include "plugin/rig.h"
 #include "plugin/fdcheck.h"
 #include "plugin/registry.h"
 
@@ -180,11 +180,9 @@ static inline const plugin_entry *kt_plugin(void) { return tu_plugin("kda"); }
 
 /* One f64 layer instance with parameters initialised as declared (plus jitter on constants). */
 typedef struct kt_layer {
-    module m;
+    rig m;  /* the instance; its saved part and workspace at B x T */
     int np;
     k3rt_tensor *p, *gr;
-    k3rt_memory mem;
-    void *saved, *ws;
     int64_t B, T, d;
 } kt_layer;
 
@@ -206,15 +204,15 @@ static inline void kt_layer_make(kt_layer *L, const char *config, int64_t B, int
     a.stream = kt_stream();
     a.seed = seed;
     k3rt_error err;
-    TU_OK(module_create(&L->m, kt_plugin(), cfg, &a, "kda", &err), err);
+    TU_OK(rig_create(&L->m, kt_plugin(), cfg, &a, "kda", &err), err);
     json_decref(cfg);
-    L->np = module_n_params(&L->m);
+    L->np = rig_n_params(&L->m);
     L->p = calloc((size_t)L->np, sizeof(k3rt_tensor));
     L->gr = calloc((size_t)L->np, sizeof(k3rt_tensor));
     k3rt_rng rng;
     k3rt_rng_seed(&rng, seed, 0x9a);
     for (int i = 0; i < L->np; i++) {
-        const k3rt_param_decl *pd = module_param(&L->m, i);
+        const k3rt_param_decl *pd = rig_param(&L->m, i);
         k3rt_tensor t = k3rt_tensor_view(NULL, K3RT_F64, K3RT_DEVICE_CPU, pd->ndim, pd->shape[0],
                                          pd->shape[1], pd->shape[2], pd->shape[3]);
         int64_t n = k3rt_tensor_numel(&t);
@@ -222,39 +220,32 @@ static inline void kt_layer_make(kt_layer *L, const char *config, int64_t B, int
         L->p[i] = t;
         L->gr[i] = t;
         L->gr[i].data = kt_alloc(n);
-        TU_OK(module_init_param(&L->m, i, t, seed, pd->name, &err), err);
+        TU_OK(rig_init_param(&L->m, i, t, seed, pd->name, &err), err);
         if (pd->init == K3RT_INIT_ONES || pd->init == K3RT_INIT_ZEROS)
             for (int64_t j = 0; j < n; j++)
                 ((double *)t.data)[j] += 0.1 * k3rt_rng_normal(&rng);
     }
-    TU_OK(module_memory(&L->m, B, T, &L->mem, &err), err);
-    L->saved = calloc(1, (size_t)L->mem.saved_bytes + 64);
-    L->ws = calloc(1, (size_t)L->mem.workspace_bytes + 64);
+    TU_OK(rig_bind_params(&L->m, L->p, L->gr, &err), err);
+    TU_OK(rig_alloc_shape(&L->m, B, T, 0, &err), err);
 }
 
 static inline void kt_layer_free(kt_layer *L)
 {
+    rig_destroy(&L->m);
     for (int i = 0; i < L->np; i++) {
         free(L->p[i].data);
         free(L->gr[i].data);
     }
-    free(L->p), free(L->gr), free(L->saved), free(L->ws);
-    module_destroy(&L->m);
+    free(L->p), free(L->gr);
 }
 
 static inline k3rt_fwd_args kt_fwd_args(kt_layer *L, double *x, double *y)
 {
     k3rt_fwd_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
     a.training = 1;
-    a.stream = kt_stream();
-    a.batch = L->B, a.seq = L->T;
     a.x = k3rt_tensor_view(x, K3RT_F64, K3RT_DEVICE_CPU, 3, L->B, L->T, L->d, 0);
     a.y = k3rt_tensor_view(y, K3RT_F64, K3RT_DEVICE_CPU, 3, L->B, L->T, L->d, 0);
-    a.params = L->p, a.n_params = L->np;
-    a.saved = L->saved, a.saved_bytes = L->mem.saved_bytes;
-    a.workspace = L->ws, a.workspace_bytes = L->mem.workspace_bytes;
     return a;
 }
 
@@ -272,7 +263,7 @@ static inline void kt_layer_fwd(kt_layer *L, double *x, double *y, double *s_in,
     if (s_out)
         a.state_out = kt_state(L, s_out);
     k3rt_error err;
-    TU_OK(kt_plugin()->vt.attention.forward(L->m.self, &a, &err), err);
+    TU_OK(rig_forward(&L->m, &a, &err), err);
 }
 
 /* The layer's internal io for the same instance and buffers (halo tests). */
@@ -286,7 +277,7 @@ static inline kda_io kt_io(kt_layer *L, int64_t B, int64_t T)
         io.params[s] = m->slot[s] >= 0 ? L->p[m->slot[s]].data : NULL;
         io.grads[s] = m->slot[s] >= 0 ? L->gr[m->slot[s]].data : NULL;
     }
-    io.saved = L->saved, io.ws = L->ws;
+    io.saved = L->m.saved[0], io.ws = L->m.ws;
     return io;
 }
 

@@ -1,5 +1,5 @@
 /* Shared pieces of the LatentMoE suites (test_latent_moe*.c): one plugin instance with its
- * parameters and buffers, driven through the vtable, and an independent dense reference of the
+ * parameters and buffers, driven through the host's rig, and an independent dense reference of the
  * layer written from the spec (every expert on every token, masked to the chosen top-k). */
 #ifndef K3RT_TEST_MOE_TESTKIT_H
 #define K3RT_TEST_MOE_TESTKIT_H
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "testutil/testutil.h"
-#include "model/module.h"
+#include "plugin/rig.h"
 #include "plugin/fdcheck.h"
 #include "plugin/registry.h"
 
@@ -18,7 +18,7 @@ enum { MH_MAX_PARAMS = 10 };
 static const plugin_entry *mh_plugin(void) { return tu_plugin("latent_moe"); }
 
 typedef struct moe_h {
-    module m;
+    rig m;                        /* the instance; its saved parts and workspace at B x T */
     k3rt_stream *s;
     int dtype;
     int64_t B, T, d, N, n;
@@ -27,9 +27,8 @@ typedef struct moe_h {
     k3rt_tensor params[MH_MAX_PARAMS], grads[MH_MAX_PARAMS];
     double *p64[MH_MAX_PARAMS];  /* the parameters in double (the reference's copy) */
     double *x64, *dy64;
-    void *x, *y, *dy, *dx, *saved, *ws;
+    void *x, *y, *dy, *dx;
     float *bias, *dscores;        /* [E]; [N, E] or NULL */
-    k3rt_memory mem;
     k3rt_routing routing;
 } moe_h;
 
@@ -43,7 +42,7 @@ static inline k3rt_tensor mh_act(const moe_h *h, void *p)
 static inline int mh_param_index(const moe_h *h, const char *name)
 {
     for (int i = 0; i < h->np; i++)
-        if (!strcmp(module_param(&h->m, i)->name, name))
+        if (!strcmp(rig_param(&h->m, i)->name, name))
             return i;
     return -1;
 }
@@ -79,21 +78,21 @@ static inline void mh_init(moe_h *h, int dtype, const char *cfg_text, int64_t B,
     a.n_layers = 2;
     a.layer = 1;
     a.stream = h->s;
-    TU_OK(module_create(&h->m, mh_plugin(), cfg, &a, "ffn", &err), err);
+    TU_OK(rig_create(&h->m, mh_plugin(), cfg, &a, "ffn", &err), err);
     json_decref(cfg);
-    mh_plugin()->vt.moe.experts(h->m.self, &h->E, &h->k);
-    h->np = module_n_params(&h->m);
+    h->E = h->m.experts, h->k = h->m.top_k;
+    h->np = rig_n_params(&h->m);
     ck_assert_int_le(h->np, MH_MAX_PARAMS);
     k3rt_rng rng;
     k3rt_rng_seed(&rng, seed, 77);
     for (int i = 0; i < h->np; i++) {
-        const k3rt_param_decl *pd = module_param(&h->m, i);
+        const k3rt_param_decl *pd = rig_param(&h->m, i);
         k3rt_tensor t = k3rt_tensor_view(NULL, K3RT_F64, K3RT_DEVICE_CPU, pd->ndim, pd->shape[0],
                                          pd->shape[1], pd->shape[2], pd->shape[3]);
         int64_t n = k3rt_tensor_numel(&t);
         h->p64[i] = calloc((size_t)n, sizeof(double));
         t.data = h->p64[i];
-        TU_OK(module_init_param(&h->m, i, t, seed, pd->name, &err), err);
+        TU_OK(rig_init_param(&h->m, i, t, seed, pd->name, &err), err);
         if (pd->init == K3RT_INIT_ONES)
             for (int64_t j = 0; j < n; j++)
                 h->p64[i][j] += 0.1 * k3rt_rng_normal(&rng);
@@ -114,9 +113,8 @@ static inline void mh_init(moe_h *h, int dtype, const char *cfg_text, int64_t B,
     h->bias = calloc((size_t)h->E, sizeof(float));
     for (int e = 0; e < h->E; e++)
         h->bias[e] = (float)(bias_std * k3rt_rng_normal(&rng));
-    TU_OK(module_memory(&h->m, B, T, &h->mem, &err), err);
-    h->saved = malloc((size_t)h->mem.saved_bytes);
-    h->ws = malloc((size_t)h->mem.workspace_bytes);
+    TU_OK(rig_bind_params(&h->m, h->params, h->grads, &err), err);
+    TU_OK(rig_alloc_shape(&h->m, B, T, 0, &err), err);
     mh_sync(h);
 }
 
@@ -124,9 +122,9 @@ static inline void mh_free(moe_h *h)
 {
     for (int i = 0; i < h->np; i++)
         free(h->params[i].data), free(h->grads[i].data), free(h->p64[i]);
+    rig_destroy(&h->m);
     free(h->x64), free(h->dy64), free(h->x), free(h->dy), free(h->y), free(h->dx);
-    free(h->saved), free(h->ws), free(h->bias), free(h->dscores);
-    module_destroy(&h->m);
+    free(h->bias), free(h->dscores);
     k3rt_stream_destroy(h->s);
 }
 
@@ -134,21 +132,10 @@ static inline k3rt_fwd_args mh_fwd_args(moe_h *h, int training)
 {
     k3rt_fwd_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
     a.training = training;
-    a.stream = h->s;
-    a.batch = h->B, a.seq = h->T;
     a.x = mh_act(h, h->x);
     a.y = mh_act(h, h->y);
-    a.params = h->params;
-    a.n_params = h->np;
-    a.saved = training ? h->saved : NULL;
-    a.saved_bytes = training ? h->mem.saved_bytes : 0;
-    a.workspace = h->ws;
-    a.workspace_bytes = h->mem.workspace_bytes;
     a.bias = k3rt_tensor_view(h->bias, K3RT_F32, K3RT_DEVICE_CPU, 1, h->E, 0, 0, 0);
-    memset(&h->routing, 0, sizeof h->routing);
-    h->routing.struct_size = sizeof h->routing;
     a.routing = &h->routing;
     return a;
 }
@@ -157,19 +144,9 @@ static inline k3rt_bwd_args mh_bwd_args(moe_h *h)
 {
     k3rt_bwd_args a;
     memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = h->s;
-    a.batch = h->B, a.seq = h->T;
     a.x = mh_act(h, h->x);
     a.dy = mh_act(h, h->dy);
     a.dx = mh_act(h, h->dx);
-    a.params = h->params;
-    a.grads = h->grads;
-    a.n_params = h->np;
-    a.saved = h->saved;
-    a.saved_bytes = h->mem.saved_bytes;
-    a.workspace = h->ws;
-    a.workspace_bytes = h->mem.workspace_bytes;
     if (h->dscores)
         a.d_scores = k3rt_tensor_view(h->dscores, K3RT_F32, K3RT_DEVICE_CPU, 2, h->N, h->E, 0,
                                       0);
@@ -180,14 +157,14 @@ static inline void mh_forward(moe_h *h, int training)
 {
     k3rt_error err = {0};
     k3rt_fwd_args a = mh_fwd_args(h, training);
-    TU_OK(mh_plugin()->vt.moe.forward(h->m.self, &a, &err), err);
+    TU_OK(rig_forward(&h->m, &a, &err), err);
 }
 
 static inline void mh_backward(moe_h *h)
 {
     k3rt_error err = {0};
     k3rt_bwd_args a = mh_bwd_args(h);
-    TU_OK(mh_plugin()->vt.moe.backward(h->m.self, &a, &err), err);
+    TU_OK(rig_backward(&h->m, &a, &err), err);
 }
 
 static inline void mh_zero_grads(moe_h *h)

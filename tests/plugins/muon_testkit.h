@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "testutil/testutil.h"
-#include "model/module.h"
+#include "plugin/rig.h"
 #include "plugin/registry.h"
 #include "plugin/sinks.h"
 
@@ -29,7 +29,7 @@ typedef struct mt_spec {
 enum { MT_MAX = 16 };
 
 typedef struct mt_harness {
-    module m;
+    rig m;
     k3rt_stream *s;
     int dtype, n;
     k3rt_param_decl decls[MT_MAX];
@@ -88,7 +88,7 @@ static inline int mt_try(mt_harness *h, int dtype, const char *cfg_text, const m
     a.params = h->refs;
     a.n_params = n;
     a.stream = h->s;
-    int rc = module_create(&h->m, mt_plugin(), cfg, &a, "optimizer", err);
+    int rc = rig_create(&h->m, mt_plugin(), cfg, &a, "optimizer", err);
     json_decref(cfg);
     return rc;
 }
@@ -104,7 +104,7 @@ static inline void mt_free(mt_harness *h)
 {
     for (int i = 0; i < h->n; i++)
         free(h->refs[i].param.data), free(h->refs[i].grad.data);
-    module_destroy(&h->m);
+    rig_destroy(&h->m);
     k3rt_stream_destroy(h->s);
 }
 
@@ -140,15 +140,7 @@ static inline void mt_use_max_logit(mt_harness *h, int i, int heads)
 
 static inline int mt_step_rc(mt_harness *h, double lr, int64_t step, k3rt_error *err)
 {
-    k3rt_optimizer_step a;
-    memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.stream = h->s;
-    a.lr = lr;
-    a.step = step;
-    a.params = h->refs;
-    a.n_params = h->n;
-    return mt_plugin()->vt.optimizer.step(h->m.self, &a, err);
+    return rig_step(&h->m, NULL, lr, step, h->refs, h->n, err);
 }
 
 static inline void mt_step(mt_harness *h, double lr, int64_t step)

@@ -10,31 +10,30 @@ START_TEST(aux_free_sign_update)
     enum { E = 4 };
     k3rt_error err = {0};
     k3rt_stream *s = tu_cpu_stream(1);
-    module m;
+    rig m;
     TU_OK(bk_create(&m, "aux_free", "{\"gamma\": 0.125}", E, 1, NULL, s, &err), err);
     /* loads 3, 1, 2, 2 over two micro-batches: mean 2 */
     const int64_t c1[E] = {2, 0, 1, 1}, c2[E] = {1, 1, 1, 1};
-    k3rt_routing r;
-    memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    r.counts = k3rt_tensor_view((void *)c1, K3RT_I64, K3RT_DEVICE_CPU, 1, E, 0, 0, 0);
-    bk_observe(&m, s, &r);
+    int32_t sel[1];
+    float scores[E];
+    k3rt_routing r = bk_counts_routing(c1, E, 1, sel, scores);
+    bk_observe(&m, &r);
     r.counts.data = (void *)c2;
-    bk_observe(&m, s, &r);
+    bk_observe(&m, &r);
     ck_assert(bk_bias(&m)[0] == 0.0f);  /* nothing moves before the step ends */
-    bk_update(&m, s, NULL, 1);
+    bk_update(&m, NULL, 1);
     const float *b = bk_bias(&m);
     ck_assert(b[0] == -0.125f && b[1] == 0.125f && b[2] == 0.0f && b[3] == 0.0f);
     /* the counts were cleared: a second update with no traffic keeps the bias */
-    bk_update(&m, s, NULL, 2);
+    bk_update(&m, NULL, 2);
     ck_assert(b[0] == -0.125f && b[1] == 0.125f);
-    module_destroy(&m);
+    rig_destroy(&m);
     k3rt_stream_destroy(s);
 }
 END_TEST
 
 typedef struct af_job {
-    module *m;
+    rig *m;
     k3rt_comm *comm;
     k3rt_stream *s;
     const int64_t *counts;
@@ -45,13 +44,12 @@ static void *af_rank(void *arg)
 {
     af_job *j = arg;
     k3rt_error err = {0};
-    k3rt_routing r;
-    memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    r.counts = k3rt_tensor_view((void *)j->counts, K3RT_I64, K3RT_DEVICE_CPU, 1, 4, 0, 0, 0);
-    j->rc = j->m->e->vt.balancer.observe(j->m->self, j->s, &r, &err);
+    int32_t sel[1];
+    float scores[4];
+    k3rt_routing r = bk_counts_routing(j->counts, 4, 1, sel, scores);
+    j->rc = rig_observe(j->m, &r, &err);
     if (!j->rc)
-        j->rc = j->m->e->vt.balancer.update(j->m->self, j->s, j->comm, 1, &err);
+        j->rc = rig_update(j->m, j->comm, 1, &err);
     return NULL;
 }
 
@@ -61,7 +59,7 @@ START_TEST(aux_free_counts_are_global)
     k3rt_comm **c2;
     TU_OK(comm_local_create(2, &c2, &err), err);
     k3rt_stream *s[2] = {tu_cpu_stream(1), tu_cpu_stream(1)};
-    module m[2];
+    rig m[2];
     for (int r = 0; r < 2; r++)
         TU_OK(bk_create(&m[r], "aux_free", "{}", 4, 1, c2[r], s[r], &err), err);
     /* rank 0 alone would raise expert 0; the global counts (5, 3, 3, 5) lower it */
@@ -73,7 +71,7 @@ START_TEST(aux_free_counts_are_global)
         const float *bias = bk_bias(&m[r]);
         ck_assert(bias[0] == -0.001f && bias[1] == 0.001f && bias[2] == 0.001f &&
                   bias[3] == -0.001f);
-        module_destroy(&m[r]);
+        rig_destroy(&m[r]);
         k3rt_stream_destroy(s[r]);
     }
     comm_local_destroy(c2, 2);
@@ -104,12 +102,12 @@ static double aux_reference(const bk_batch *b, double alpha)
     return total / (double)b->B;
 }
 
-static double aux_value(module *m, bk_batch *b, double scale, float *ds)
+static double aux_value(rig *m, bk_batch *b, double scale, float *ds)
 {
     k3rt_error err = {0};
     double loss = 0;
     k3rt_tensor t = k3rt_tensor_view(ds, K3RT_F32, K3RT_DEVICE_CPU, 2, b->N, b->E, 0, 0);
-    TU_OK(m->e->vt.balancer.aux_loss(m->self, NULL, &b->r, scale, &loss, t, &err), err);
+    TU_OK(rig_aux_loss(m, &b->r, scale, &loss, t, &err), err);
     return loss;
 }
 
@@ -117,9 +115,9 @@ START_TEST(aux_loss_value_and_gradient)
 {
     enum { E = 6, K = 2 };
     k3rt_error err = {0};
-    module m;
+    rig m;
     TU_OK(bk_create(&m, "aux_loss", "{\"alpha\": 0.3}", E, K, NULL, NULL, &err), err);
-    ck_assert(m.e->desc.caps & K3RT_CAP_AUX_LOSS);
+    ck_assert_ptr_nonnull(m.e->vt.balancer.aux_loss);
     ck_assert_ptr_null(m.e->inst.state);  /* nothing persists: the bias stays zero */
     for (int e = 0; e < E; e++)
         ck_assert(bk_bias(&m)[e] == 0.0f);
@@ -169,7 +167,7 @@ START_TEST(aux_loss_value_and_gradient)
     }
     free(ds), free(tmp);
     bk_batch_free(&b);
-    module_destroy(&m);
+    rig_destroy(&m);
 }
 END_TEST
 
@@ -182,7 +180,7 @@ static double skewed_run(const char *name, const char *cfg, int updates)
     enum { E = 16, K = 4 };
     k3rt_error err = {0};
     k3rt_stream *s = tu_cpu_stream(1);
-    module m;
+    rig m;
     TU_OK(bk_create(&m, name, cfg, E, K, NULL, s, &err), err);
     double off[E];
     for (int e = 0; e < E; e++)
@@ -194,8 +192,8 @@ static double skewed_run(const char *name, const char *cfg, int updates)
     for (int step = 1; step <= updates; step++) {
         bk_scores(&b, off, 1.0, &rng);
         bk_route(&b, bk_bias(&m));
-        bk_observe(&m, s, &b.r);
-        bk_update(&m, s, NULL, step);
+        bk_observe(&m, &b.r);
+        bk_update(&m, NULL, step);
     }
     double vio = 0;
     for (int i = 0; i < 10; i++) {
@@ -204,7 +202,7 @@ static double skewed_run(const char *name, const char *cfg, int updates)
         vio += bk_maxvio(b.counts, E) / 10;
     }
     bk_batch_free(&b);
-    module_destroy(&m);
+    rig_destroy(&m);
     k3rt_stream_destroy(s);
     return vio;
 }
@@ -236,7 +234,7 @@ static void round_trip(const char *name, const char *cfg)
     enum { E = 8, K = 2 };
     k3rt_error err = {0};
     k3rt_stream *s = tu_cpu_stream(1);
-    module a, b;
+    rig a, b;
     TU_OK(bk_create(&a, name, cfg, E, K, NULL, s, &err), err);
     double off[E] = {-1, -0.7, -0.2, 0, 0.1, 0.4, 0.8, 1.1};
     k3rt_rng rng;
@@ -246,8 +244,8 @@ static void round_trip(const char *name, const char *cfg)
     for (int step = 1; step <= 3; step++) {
         bk_scores(&mb, off, 1.0, &rng);
         bk_route(&mb, bk_bias(&a));
-        bk_observe(&a, s, &mb.r);
-        bk_update(&a, s, NULL, step);
+        bk_observe(&a, &mb.r);
+        bk_update(&a, NULL, step);
     }
     /* "save": the state tensors' bytes; "resume": a fresh instance loads them */
     float saved[E];
@@ -255,20 +253,20 @@ static void round_trip(const char *name, const char *cfg)
     TU_OK(bk_create(&b, name, cfg, E, K, NULL, s, &err), err);
     memcpy(bk_state_bias(&b), saved, sizeof saved);
     if (b.e->inst.state_loaded)
-        TU_OK(b.e->inst.state_loaded(b.self, &err), err);
+        TU_OK(rig_state_loaded(&b, &err), err);
     for (int step = 4; step <= 6; step++) {
         bk_scores(&mb, off, 1.0, &rng);
         bk_route(&mb, bk_bias(&a));
-        bk_observe(&a, s, &mb.r);
-        bk_observe(&b, s, &mb.r);
-        bk_update(&a, s, NULL, step);
-        bk_update(&b, s, NULL, step);
+        bk_observe(&a, &mb.r);
+        bk_observe(&b, &mb.r);
+        bk_update(&a, NULL, step);
+        bk_update(&b, NULL, step);
         ck_assert_msg(memcmp(bk_bias(&a), bk_bias(&b), sizeof saved) == 0,
                       "%s %s: step %d differs after resume", name, cfg, step);
     }
     ck_assert(memcmp(saved, bk_bias(&a), sizeof saved) != 0);  /* the bias kept moving */
     bk_batch_free(&mb);
-    module_destroy(&a), module_destroy(&b);
+    rig_destroy(&a), rig_destroy(&b);
     k3rt_stream_destroy(s);
 }
 
@@ -290,7 +288,7 @@ START_TEST(reset_drops_an_unfinished_step)
     for (int i = 0; i < 3; i++) {
         k3rt_error err = {0};
         k3rt_stream *s = tu_cpu_stream(1);
-        module m;
+        rig m;
         TU_OK(bk_create(&m, names[i], cfgs[i], 4, 1, NULL, s, &err), err);
         ck_assert_ptr_nonnull(m.e->inst.reset_stats);
         k3rt_rng rng;
@@ -299,16 +297,16 @@ START_TEST(reset_drops_an_unfinished_step)
         bk_batch_alloc(&b, 1, 64, 4, 1);
         bk_scores(&b, off, 1.0, &rng);
         bk_route(&b, bk_bias(&m));
-        bk_observe(&m, s, &b.r);
-        m.e->inst.reset_stats(m.self);
-        bk_update(&m, s, NULL, 1);
+        bk_observe(&m, &b.r);
+        rig_reset_stats(&m);
+        bk_update(&m, NULL, 1);
         for (int e = 0; e < 4; e++)
             ck_assert_msg(bk_bias(&m)[e] == 0.0f, "%s %s kept a reset step", names[i], cfgs[i]);
-        bk_observe(&m, s, &b.r);  /* without the reset the same batch does move it */
-        bk_update(&m, s, NULL, 2);
+        bk_observe(&m, &b.r);  /* without the reset the same batch does move it */
+        bk_update(&m, NULL, 2);
         ck_assert(bk_bias(&m)[0] != 0.0f);
         bk_batch_free(&b);
-        module_destroy(&m);
+        rig_destroy(&m);
         k3rt_stream_destroy(s);
     }
 }
@@ -317,15 +315,15 @@ END_TEST
 START_TEST(refused)
 {
     k3rt_error err = {0};
-    module m;
+    rig m;
     ck_assert_int_eq(bk_create(&m, "aux_free", "{}", 0, 0, NULL, NULL, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "needs a routed MoE layer"), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "a balancer serves a routed MoE layer"), "%s", err.msg);
     ck_assert_int_eq(bk_create(&m, "aux_free", "{\"gama\": 1}", 4, 1, NULL, NULL, &err),
                      K3RT_ERR_INVALID);
     ck_assert_msg(strstr(err.msg, "did you mean 'gamma'"), "%s", err.msg);
     ck_assert_int_eq(bk_create(&m, "aux_loss", "{\"alpha\": -1}", 4, 1, NULL, NULL, &err),
                      K3RT_ERR_INVALID);
-    /* aux_loss refuses a selection outside the layer */
+    /* the host refuses a selection outside the layer before aux_loss reads it */
     TU_OK(bk_create(&m, "aux_loss", "{}", 4, 1, NULL, NULL, &err), err);
     bk_batch b;
     bk_batch_alloc(&b, 1, 3, 4, 1);
@@ -335,12 +333,10 @@ START_TEST(refused)
     b.sel[2] = 7;
     double loss;
     k3rt_tensor t = k3rt_tensor_view(ds, K3RT_F32, K3RT_DEVICE_CPU, 2, 3, 4, 0, 0);
-    ck_assert_int_eq(m.e->vt.balancer.aux_loss(m.self, NULL, &b.r, 1.0, &loss, t, &err),
-                     K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "selected expert 7 at entry 2 is outside [0, 4)"), "%s",
-                  err.msg);
+    ck_assert_int_eq(rig_aux_loss(&m, &b.r, 1.0, &loss, t, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "routing.selected[2] = 7 is outside [0, 4)"), "%s", err.msg);
     bk_batch_free(&b);
-    module_destroy(&m);
+    rig_destroy(&m);
 }
 END_TEST
 

@@ -126,7 +126,6 @@ END_TEST
  * central differences of L = sum(y * dy). */
 START_TEST(fd_of_one_op)
 {
-    const k3rt_residual_vtable *v = &plugin()->vt.residual;
     k3rt_error err = {0};
     harness h;
     harness_init(&h, K3RT_F64, 3, 2, 3, 8, "{\"block_layers\": 1}", 1);
@@ -144,15 +143,14 @@ START_TEST(fd_of_one_op)
         }
     }
     tu_randn(dy, n, 1.0, 60);
-    k3rt_residual_args a = args(&h, SUB, y, 0);
+    k3rt_residual_args a = args(&h, SUB, y);
     a.sources = src, a.n_sources = NS;
     a.partial = k3rt_tensor_view(buf + NS * n, K3RT_F64, -1, 3, h.B, h.T, h.d, 0);
     k3rt_residual_args b = a;
     b.t.data = dy;
-    b.grads = h.grads;
     b.d_sources = dsrc;
     b.d_partial = k3rt_tensor_view(buf + (2 * NS + 1) * n, K3RT_F64, -1, 3, h.B, h.T, h.d, 0);
-    TU_OK(v->op_backward(h.m.self, &b, &err), err);
+    TU_OK(rig_residual(&h.m, RIG_OP_BACKWARD, &b, &err), err);
     /* perturbed: each source / the partial (gradient right after it in buf), w, gamma */
     double worst = 0, fd_eps = 1e-4;
     int checked = 0;
@@ -166,11 +164,11 @@ START_TEST(fd_of_one_op)
         for (int64_t i = 0; i < cnt; i++) {
             double keep = val[i], lp = 0, lm = 0;
             val[i] = keep + fd_eps;
-            TU_OK(v->op_forward(h.m.self, &a, &err), err);
+            TU_OK(rig_residual(&h.m, RIG_OP_FORWARD, &a, &err), err);
             for (int64_t k = 0; k < n; k++)
                 lp += y[k] * dy[k];
             val[i] = keep - fd_eps;
-            TU_OK(v->op_forward(h.m.self, &a, &err), err);
+            TU_OK(rig_residual(&h.m, RIG_OP_FORWARD, &a, &err), err);
             for (int64_t k = 0; k < n; k++)
                 lm += y[k] * dy[k];
             val[i] = keep;
@@ -190,7 +188,6 @@ END_TEST
 
 START_TEST(zero_queries_give_the_mean)
 {
-    const k3rt_residual_vtable *v = &plugin()->vt.residual;
     k3rt_error err = {0};
     harness h;
     harness_init(&h, K3RT_F64, 3, 2, 3, 8, "{\"block_layers\": 1}", 1);
@@ -203,10 +200,10 @@ START_TEST(zero_queries_give_the_mean)
         st[j] = k3rt_tensor_view(src[j], K3RT_F64, -1, 3, h.B, h.T, h.d, 0);
     }
     tu_randn(p, n, 0.01, 80);  /* a small partial still gets a quarter */
-    k3rt_residual_args a = args(&h, 5, y, 0);
+    k3rt_residual_args a = args(&h, 5, y);
     a.sources = st, a.n_sources = 3;
     a.partial = k3rt_tensor_view(p, K3RT_F64, -1, 3, h.B, h.T, h.d, 0);
-    TU_OK(v->op_forward(h.m.self, &a, &err), err);
+    TU_OK(rig_residual(&h.m, RIG_OP_FORWARD, &a, &err), err);
     double worst = 0;
     for (int64_t i = 0; i < n; i++)
         worst = fmax(worst, fabs(y[i] - (src[0][i] + src[1][i] + src[2][i] + p[i]) / 4));
@@ -275,10 +272,10 @@ START_TEST(layer0_reads_the_embedding)
         run_model(&h, emb, xs, out, dout, demb);
         ck_assert(memcmp(xs, emb, (size_t)n * sizeof *emb) == 0);
         ck_assert_int_eq(h.np, 2 * (h.S + 1));
-        ck_assert_str_eq(module_param(&h.m, 0)->name, "attn.query");
-        ck_assert_int_eq(module_param(&h.m, 0)->layer, 0);
-        ck_assert_str_eq(module_param(&h.m, h.np - 1)->name, "out.key_norm");
-        ck_assert_int_eq(module_param(&h.m, h.np - 1)->layer, -1);
+        ck_assert_str_eq(rig_param(&h.m, 0)->name, "attn.query");
+        ck_assert_int_eq(rig_param(&h.m, 0)->layer, 0);
+        ck_assert_str_eq(rig_param(&h.m, h.np - 1)->name, "out.key_norm");
+        ck_assert_int_eq(rig_param(&h.m, h.np - 1)->layer, -1);
         for (int i = 0; i < h.np; i++) {
             double g = 0;
             for (int64_t k = 0; k < h.d; k++)
@@ -299,16 +296,15 @@ END_TEST
  * parameter gradients added into h's grads. */
 static void op_grads(harness *h, int s, int n, double *const *v, const double *dh, double *dv)
 {
-    const k3rt_residual_vtable *vt = &plugin()->vt.residual;
     k3rt_error err = {0};
     k3rt_tensor src[8], dsrc[8];
     for (int j = 0; j < n; j++) {
         src[j] = k3rt_tensor_view(v[j], K3RT_F64, -1, 3, h->B, h->T, h->d, 0);
         dsrc[j] = k3rt_tensor_view(dv + j * h->n, K3RT_F64, -1, 3, h->B, h->T, h->d, 0);
     }
-    k3rt_residual_args a = args(h, s, (void *)dh, 1);
+    k3rt_residual_args a = args(h, s, (void *)dh);
     a.sources = src, a.d_sources = dsrc, a.n_sources = n;
-    TU_OK(vt->op_backward(h->m.self, &a, &err), err);
+    TU_OK(rig_residual(&h->m, RIG_OP_BACKWARD, &a, &err), err);
 }
 
 /* One layer in blocks of one layer: sublayer 1 reads [embedding, y0] inside the block, so its
@@ -319,7 +315,6 @@ static void op_grads(harness *h, int s, int n, double *const *v, const double *d
 START_TEST(recovered_partial_is_exact)
 {
     static const double lambdas[] = {0, 1, 3};
-    const k3rt_residual_vtable *v = &plugin()->vt.residual;
     k3rt_error err = {0};
     for (int li = 0; li < 3; li++) {
         for (int dt = 0; dt < 2; dt++) {
@@ -336,7 +331,7 @@ START_TEST(recovered_partial_is_exact)
             enum { NE = 48 };
             double emb[NE], y0[NE], y1[NE], dout[NE], dh1[NE], dh0[NE], p2[NE], h1[NE];
             double got_dy1[NE], got_dy0[NE], got_demb[NE];
-            char t[NE * 8], x1[NE * 8];
+            char t[NE * 8], x0[NE * 8], x1[NE * 8];
             tu_randn(emb, NE, 0.3, 21);
             for (int i = 0; i < NE; i++) {
                 emb[i] += 2.0;
@@ -349,27 +344,29 @@ START_TEST(recovered_partial_is_exact)
 #define TO(dst, src) TU_OK(k3rt_convert(dst, dtype, src, K3RT_F64, NE, &err), err)
 #define FROM(dst, src) TU_OK(k3rt_convert(dst, K3RT_F64, src, dtype, NE, &err), err)
             TO(t, emb);
-            call(&h, v->begin, 0, t, 0);
-            call(&h, v->mix, 0, t, 0);
+            call(&h, RIG_BEGIN, 0, t);
+            call(&h, RIG_MIX, 0, x0);
             TO(t, y0);
-            call(&h, v->push, 0, t, 0);
-            call(&h, v->mix, 1, x1, 0);
+            call(&h, RIG_PUSH, 0, t);
+            call(&h, RIG_MIX, 1, x1);
             TO(t, y1);
-            call(&h, v->push, 1, t, 0);
-            call(&h, v->finish, 2, t, 0);
+            call(&h, RIG_PUSH, 1, t);
+            call(&h, RIG_FINISH, 2, t);
             TO(t, dout);
-            call(&h, v->finish_backward, 2, t, 1);
-            call(&h, v->push_backward, 1, t, 1);
+            call(&h, RIG_FINISH_BACKWARD, 2, t);
+            call(&h, RIG_PUSH_BACKWARD, 1, t);
             FROM(got_dy1, t);
             TO(t, dh1);
-            k3rt_residual_args a = args(&h, 1, t, 1);
+            k3rt_residual_args a = args(&h, 1, t);
             a.sublayer_input = k3rt_tensor_view(x1, dtype, -1, 3, 2, 3, 8, 0);
-            TU_OK(v->mix_backward(h.m.self, &a, &err), err);
-            call(&h, v->push_backward, 0, t, 1);
+            TU_OK(rig_residual(&h.m, RIG_MIX_BACKWARD, &a, &err), err);
+            call(&h, RIG_PUSH_BACKWARD, 0, t);
             FROM(got_dy0, t);
             TO(t, dh0);
-            call(&h, v->mix_backward, 0, t, 1);
-            call(&h, v->begin_backward, 0, t, 1);
+            a = args(&h, 0, t);
+            a.sublayer_input = k3rt_tensor_view(x0, dtype, -1, 3, 2, 3, 8, 0);
+            TU_OK(rig_residual(&h.m, RIG_MIX_BACKWARD, &a, &err), err);
+            call(&h, RIG_BEGIN_BACKWARD, 0, t);
             FROM(got_demb, t);
 #undef TO
 #undef FROM

@@ -1,5 +1,5 @@
 /* block_attnres around the math: the depth-weight statistic, float against double, what the
- * plugin holds as layers grow at a fixed block count, K3's counts, and bad input. */
+ * plugin holds as layers grow at a fixed block count, K3's counts, and its own refusals. */
 #include "plugins/attnres_testkit.h"
 
 START_TEST(depth_weights_statistic)
@@ -14,7 +14,7 @@ START_TEST(depth_weights_statistic)
     /* zero queries (the init): row s is uniform over its sources */
     run_model(&h, emb, xs, out, NULL, NULL);
     struct k3rt_tensor_sink sink;
-    TU_OK(module_stats(&h.m, &sink, &err), err);
+    TU_OK(rig_stats(&h.m, &sink, &err), err);
     ck_assert_int_eq(sink.n, 1);
     ck_assert_str_eq(sink.items[0].name, "depth_weights");
     ck_assert_int_eq(sink.items[0].reduce, K3RT_REDUCE_AVG);
@@ -31,11 +31,11 @@ START_TEST(depth_weights_statistic)
         }
     tensor_sink_free(&sink);
     /* peaked queries: rows still sum to 1 over the forwards since reset_stats */
-    plugin()->inst.reset_stats(h.m.self);
+    rig_reset_stats(&h.m);
     random_params(&h, 3.0, 7);
     run_model(&h, emb, xs, out, NULL, NULL);
     run_model(&h, emb, xs, out, NULL, NULL);
-    TU_OK(module_stats(&h.m, &sink, &err), err);
+    TU_OK(rig_stats(&h.m, &sink, &err), err);
     w = sink.items[0].t.data;
     double spread = 0;
     for (int s = 0; s < 7; s++) {
@@ -47,8 +47,8 @@ START_TEST(depth_weights_statistic)
     }
     ck_assert(spread > 0.05);
     tensor_sink_free(&sink);
-    plugin()->inst.reset_stats(h.m.self);
-    TU_OK(module_stats(&h.m, &sink, &err), err);
+    rig_reset_stats(&h.m);
+    TU_OK(rig_stats(&h.m, &sink, &err), err);
     w = sink.items[0].t.data;
     for (int k = 0; k < 28; k++)
         ck_assert(w[k] == 0.0f);
@@ -124,9 +124,9 @@ START_TEST(memory_grows_with_blocks)
             harness_init(&h, K3RT_F64, L, B, T, d, cfg, 1);
             int nb = (S - 1) / kb + 1;
             ck_assert_int_eq(nb, k ? 4 : 2);
-            int64_t fixed = h.mem.saved_bytes - alpha_bytes(S, kb, N);
+            int64_t fixed = h.m.mem.saved_bytes - alpha_bytes(S, kb, N);
             printf("  %6d %12d %6d %8lld %22lld %15lld %9lld %20lld\n", L, bl, nb,
-                   (long long)h.mem.saved_bytes, (long long)fixed,
+                   (long long)h.m.mem.saved_bytes, (long long)fixed,
                    (long long)alpha_bytes(S, kb, N), (long long)(2 * row),
                    (long long)(S * row));
             ck_assert_int_eq(fixed, (2 * nb + 2) * row);
@@ -136,7 +136,7 @@ START_TEST(memory_grows_with_blocks)
             /* the per-op term stays below one [N, d] activation per op */
             ck_assert(alpha_bytes(S, kb, N) < S * row);
             /* scratch does not grow with the layers either */
-            ck_assert_int_eq(h.mem.workspace_bytes,
+            ck_assert_int_eq(h.m.mem.workspace_bytes,
                              2 * d * 8 + 2 * N * (nb + 1) * 8 + row);
             harness_free(&h);
         }
@@ -153,13 +153,13 @@ START_TEST(k3_counts)
     ck_assert_int_eq(h.np, 2 * 187);
     k3rt_error err = {0};
     struct k3rt_tensor_sink sink;
-    TU_OK(module_stats(&h.m, &sink, &err), err);
+    TU_OK(rig_stats(&h.m, &sink, &err), err);
     ck_assert(sink.items[0].t.shape[0] == 187 && sink.items[0].t.shape[1] == 9);
     tensor_sink_free(&sink);
     const int64_t N = 8, row = N * 8 * 8;
-    ck_assert_int_eq(h.mem.saved_bytes, (2 * 8 + 2) * row + alpha_bytes(186, 24, N));
+    ck_assert_int_eq(h.m.mem.saved_bytes, (2 * 8 + 2) * row + alpha_bytes(186, 24, N));
     k3rt_flops f;
-    TU_OK(module_flops(&h.m, 1, 8, &f, &err), err);
+    TU_OK(rig_flops(&h.m, 1, 8, &f, &err), err);
     double sources = 0;
     for (int s = 1; s <= 186; s++)
         sources += (s - 1) / 24 + 2;
@@ -168,62 +168,38 @@ START_TEST(k3_counts)
 }
 END_TEST
 
-START_TEST(bad_input_refused)
+/* What only the plugin knows: how many sources its blocks mix, and its own options (the
+ * host's argument checks are tests/unit/test_rig.c's). */
+START_TEST(plugin_refusals)
 {
-    const k3rt_residual_vtable *v = &plugin()->vt.residual;
     k3rt_error err = {0};
     harness h;
     harness_init(&h, K3RT_F64, 2, 2, 3, 8, "{\"block_layers\": 2}", 1);
     double t[48], dt[48];
     tu_randn(t, 48, 1.0, 3);
-    k3rt_residual_args a = args(&h, 0, t, 0);
-    a.saved_bytes -= 1;
-    ck_assert_int_eq(v->begin(h.m.self, &a, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "saved buffer of"), "%s", err.msg);
-    a = args(&h, 1, t, 0);
-    a.n_sublayers = 6;
-    ck_assert_int_eq(v->mix(h.m.self, &a, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "built for 4 sublayers (2 layers), called with 6"), "%s",
-                  err.msg);
-    /* a within-block op's backward needs what the forward mixed */
-    call(&h, v->begin, 0, t, 0);
-    call(&h, v->mix, 0, t, 0);
-    call(&h, v->push, 0, t, 0);
-    call(&h, v->mix, 1, t, 0);
     tu_randn(dt, 48, 1.0, 4);
-    a = args(&h, 1, dt, 1);
-    ck_assert_int_eq(v->mix_backward(h.m.self, &a, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "mix_backward of sublayer 1 (an FFN sublayer inside a block) "
-                         "needs args.sublayer_input"), "%s", err.msg);
-    a = args(&h, 1, dt, 1);
-    a.grads = NULL;
-    ck_assert_int_eq(v->finish_backward(h.m.self, &a, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "expected 10 parameters and their gradients"), "%s", err.msg);
     /* op mode: 2 layers in one block mix at most 2 sources */
     k3rt_tensor src[3];
     for (int j = 0; j < 3; j++)
         src[j] = k3rt_tensor_view(t, K3RT_F64, -1, 3, 2, 3, 8, 0);
-    a = args(&h, 2, dt, 0);
+    k3rt_residual_args a = args(&h, 2, dt);
     a.sources = src, a.n_sources = 3;
-    ck_assert_int_eq(v->op_forward(h.m.self, &a, &err), K3RT_ERR_INVALID);
+    ck_assert_int_eq(rig_residual(&h.m, RIG_OP_FORWARD, &a, &err), K3RT_ERR_INVALID);
     ck_assert_msg(strstr(err.msg, "3 sources, but a model of 2 layers (block_layers 2) mixes "
                          "at most 2"), "%s", err.msg);
-    a.n_sources = 0;
-    ck_assert_int_eq(v->op_forward(h.m.self, &a, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "needs at least one source"), "%s", err.msg);
     harness_free(&h);
-    module m;
+    rig m;
     k3rt_create_args ca;
     memset(&ca, 0, sizeof ca);
     ca.struct_size = sizeof ca;
     ca.dtype = K3RT_F64, ca.device = K3RT_DEVICE_CPU, ca.d_model = 8, ca.n_layers = 2;
     json_t *cfg = json_loads("{\"norm_eps\": 0}", 0, NULL);
-    ck_assert_int_eq(module_create(&m, plugin(), cfg, &ca, "model.residual", &err),
+    ck_assert_int_eq(rig_create(&m, plugin(), cfg, &ca, "model.residual", &err),
                      K3RT_ERR_INVALID);
     ck_assert_msg(strstr(err.msg, "'norm_eps' must be > 0"), "%s", err.msg);
     json_decref(cfg);
     cfg = json_loads("{\"block_layer\": 2}", 0, NULL);
-    ck_assert_int_ne(module_create(&m, plugin(), cfg, &ca, "model.residual", &err), K3RT_OK);
+    ck_assert_int_ne(rig_create(&m, plugin(), cfg, &ca, "model.residual", &err), K3RT_OK);
     ck_assert_msg(strstr(err.msg, "block_layers"), "%s", err.msg);
     json_decref(cfg);
 }
@@ -238,7 +214,7 @@ int main(void)
     tcase_add_test(tc, float_matches_double);
     tcase_add_test(tc, memory_grows_with_blocks);
     tcase_add_test(tc, k3_counts);
-    tcase_add_test(tc, bad_input_refused);
+    tcase_add_test(tc, plugin_refusals);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

@@ -160,7 +160,7 @@ static const char *CFG = "{\"heads\": 2, \"value_heads\": 4, \"head_dim_k\": 6, 
                          "\"head_dim_v\": 5, \"forget_rank\": 3, \"chunk_size\": 4, "
                          "\"init_std\": 0.3, \"conv_width\": %d}";
 
-/* Through the vtable: cp_summary + cp_compose, then each span's forward from its state. */
+/* Through the host's rig: cp_summary + cp_compose, then each span's forward from its state. */
 START_TEST(test_vtable_spans)
 {
     char cfg[256];
@@ -169,12 +169,8 @@ START_TEST(test_vtable_spans)
     kt_layer L;
     kt_layer_make(&L, cfg, B, T, d, 8);
     const kda *m = L.m.self;
-    const k3rt_attention_vtable *vt = &kt_plugin()->vt.attention;
-    k3rt_state_layout lay;
-    memset(&lay, 0, sizeof lay);
-    lay.struct_size = sizeof lay;
+    k3rt_state_layout lay = L.m.state;  /* state_layout() at B, as the rig read it */
     k3rt_error err;
-    TU_OK(vt->state_layout(L.m.self, B, &lay, &err), err);
     int64_t ns = k3rt_tensor_numel(&lay.state), nm = k3rt_tensor_numel(&lay.summary_m);
     ck_assert_int_eq(ns, B * m->HV * m->dk * m->dv);
     ck_assert_int_eq(nm, B * m->HV * m->dk * m->dk);
@@ -198,11 +194,11 @@ START_TEST(test_vtable_spans)
         for (int i = 0; i < P; i++) {
             int64_t Ts = t[i + 1] - t[i];
             double *xs = slice(x, B, T, d, t[i], t[i + 1]), *ys = kt_alloc(B * Ts * d);
+            TU_OK(rig_alloc_shape(&L.m, B, Ts, 0, &err), err);  /* this span's buffers */
             k3rt_fwd_args a = kt_fwd_args(&L, xs, ys);
-            a.seq = Ts;
             a.x.shape[1] = a.y.shape[1] = Ts;
             tm.data = Mi, tb.data = Bi;
-            TU_OK(vt->cp_summary(L.m.self, &a, tm, tb, &err), err);
+            TU_OK(rig_cp_summary(&L.m, &a, tm, tb, &err), err);
             k3rt_tensor m1 = tm, b1 = tb, m2 = tm, b2 = tb;
             if (i == 0) {
                 memcpy(Mt, Mi, (size_t)nm * 8), memcpy(Bt, Bi, (size_t)ns * 8);
@@ -210,17 +206,17 @@ START_TEST(test_vtable_spans)
                 m1.data = Mt, b1.data = Bt, m2.data = Mi, b2.data = Bi;
                 k3rt_tensor mo = tm, bo = tb;
                 mo.data = Mt, bo.data = Bt;
-                TU_OK(vt->cp_compose(L.m.self, kt_stream(), m1, b1, m2, b2, mo, bo, &err), err);
+                TU_OK(rig_cp_compose(&L.m, m1, b1, m2, b2, mo, bo, &err), err);
             }
             /* this span from its true initial state; its final state is M_i s + B_i */
             a.state_in = kt_state(&L, s);
             a.state_out = kt_state(&L, s_next);
-            TU_OK(vt->forward(L.m.self, &a, &err), err);
+            TU_OK(rig_forward(&L.m, &a, &err), err);
             k3rt_tensor sin = tb, snx = tb, mo = tm;
             double *pred = kt_alloc(ns), *junk = kt_alloc(nm);
             sin.data = s, snx.data = pred, mo.data = junk;
             m1.data = Mi, m2.data = Mi, b2.data = Bi;
-            TU_OK(vt->cp_compose(L.m.self, kt_stream(), m1, sin, m2, b2, mo, snx, &err), err);
+            TU_OK(rig_cp_compose(&L.m, m1, sin, m2, b2, mo, snx, &err), err);
             e_chain = fmax(e_chain, kt_maxrel(s_next, pred, ns));
             memcpy(s, s_next, (size_t)ns * 8);
             unslice_add(yc, ys, B, T, d, t[i], t[i + 1]);

@@ -86,7 +86,7 @@ static void fd_case(const char *cfg, int with_dscores)
     fd_target(&h, "grad.x", h.x64, gx, h.n, sel0, 1e-5, &st);
     for (int i = 0; i < h.np; i++) {
         char name[160];
-        snprintf(name, sizeof name, "grad.%s", module_param(&h.m, i)->name);
+        snprintf(name, sizeof name, "grad.%s", rig_param(&h.m, i)->name);
         fd_target(&h, name, h.p64[i], gp[i], k3rt_tensor_numel(&h.params[i]), sel0, 1e-5, &st);
     }
     printf("  %lld entries, worst relative error %.2e (%s), routing changed in %lld of %lld "

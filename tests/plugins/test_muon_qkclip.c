@@ -212,7 +212,8 @@ START_TEST(columns_unseen_heads_and_nan)
     /* a wrong count is refused before anything moves */
     mt_use_max_logit(&h, 0, H - 1);
     ck_assert_int_eq(mt_step_rc(&h, 0.0, 2, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "head_max_logit must be 4 f32 values"), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "max logits of wk: expected f32 [4] on the CPU, got f32 [3]"),
+                  "%s", err.msg);
     /* no max logits at all (an owner with its reporting off): refused, the weights unmoved,
      * unless QK-clip is off */
     memset(&h.refs[0].head_max_logit, 0, sizeof h.refs[0].head_max_logit);

@@ -52,7 +52,7 @@ START_TEST(exact_matches_oracle)
     enum { E = 8, K = 2, B = 3, T = 16, MICRO = 2 };
     k3rt_error err = {0};
     k3rt_stream *s = tu_cpu_stream(1);
-    module m;
+    rig m;
     TU_OK(bk_create(&m, "quantile", "{\"mode\": \"exact\"}", E, K, NULL, s, &err), err);
     float *bias = bk_state_bias(&m);
     for (int e = 0; e < E; e++)
@@ -69,12 +69,12 @@ START_TEST(exact_matches_oracle)
         for (int i = 0; i < MICRO; i++) {
             bk_scores(&mb[i], off, 1.0, &rng);
             bk_route(&mb[i], before);
-            bk_observe(&m, s, &mb[i].r);
+            bk_observe(&m, &mb[i].r);
             memcpy(all + i * B * T * E, mb[i].scores, (size_t)(B * T * E) * sizeof(float));
         }
         /* causality: the bias in use does not move before the step ends */
         ck_assert(memcmp(before, bk_bias(&m), sizeof before) == 0);
-        bk_update(&m, s, NULL, step);
+        bk_update(&m, NULL, step);
         oracle(all, MICRO * B * T, before, E, K, want);
         ck_assert_msg(memcmp(want, bk_bias(&m), sizeof want) == 0, "step %d: exact mode differs "
                       "from the oracle", step);
@@ -87,7 +87,7 @@ START_TEST(exact_matches_oracle)
     for (int i = 0; i < MICRO; i++)
         bk_batch_free(&mb[i]);
     free(all), free(off);
-    module_destroy(&m);
+    rig_destroy(&m);
     k3rt_stream_destroy(s);
 }
 END_TEST
@@ -97,7 +97,7 @@ END_TEST
 enum { HE = 16, HK = 4, HB = 4, HT = 16, HMICRO = 2, HSTEPS = 4, HBINS = 64 };
 
 typedef struct rank_job {
-    module *m;
+    rig *m;
     k3rt_comm *comm;
     k3rt_stream *s;
     bk_batch *mb;   /* the step's micro-batches (whole) */
@@ -111,20 +111,19 @@ static void *rank_step(void *arg)
 {
     rank_job *j = arg;
     k3rt_error err = {0};
-    const k3rt_balancer_vtable *v = &j->m->e->vt.balancer;
     for (int i = 0; i < HMICRO && !j->rc; i++) {
         int64_t n = j->mb[i].N / j->ranks;
         k3rt_routing r = bk_slice(&j->mb[i], j->rank * n, n);
-        j->rc = v->observe(j->m->self, j->s, &r, &err);
+        j->rc = rig_observe(j->m, &r, &err);
     }
     if (!j->rc)
-        j->rc = v->update(j->m->self, j->s, j->comm, j->step, &err);
+        j->rc = rig_update(j->m, j->comm, j->step, &err);
     if (j->rc)
         snprintf(j->why, sizeof j->why, "%s", err.msg);
     return NULL;
 }
 
-static void step_ranks(module *m, k3rt_comm **comms, k3rt_stream **s, int ranks, bk_batch *mb,
+static void step_ranks(rig *m, k3rt_comm **comms, k3rt_stream **s, int ranks, bk_batch *mb,
                        int step)
 {
     rank_job jobs[2];
@@ -144,7 +143,7 @@ START_TEST(histogram_two_ranks_equal_one_and_track_exact)
     k3rt_stream *s[2] = {tu_cpu_stream(1), tu_cpu_stream(1)};
     char hcfg[64];
     snprintf(hcfg, sizeof hcfg, "{\"bins\": %d}", HBINS);
-    module h1, h2[2], x1, x2[2];
+    rig h1, h2[2], x1, x2[2];
     TU_OK(bk_create(&h1, "quantile", hcfg, HE, HK, c1[0], s[0], &err), err);
     TU_OK(bk_create(&x1, "quantile", "{\"mode\": \"exact\"}", HE, HK, c1[0], s[0], &err), err);
     for (int r = 0; r < 2; r++) {
@@ -170,11 +169,11 @@ START_TEST(histogram_two_ranks_equal_one_and_track_exact)
         for (int i = 0; i < HMICRO; i++) {
             bk_scores(&mb[i], off, 1.0, &rng);
             bk_route(&mb[i], start);
-            bk_observe(&h1, s[0], &mb[i].r);
-            bk_observe(&x1, s[0], &mb[i].r);
+            bk_observe(&h1, &mb[i].r);
+            bk_observe(&x1, &mb[i].r);
         }
-        bk_update(&h1, s[0], c1[0], step);
-        bk_update(&x1, s[0], c1[0], step);
+        bk_update(&h1, c1[0], step);
+        bk_update(&x1, c1[0], step);
         step_ranks(h2, c2, s, 2, mb, step);
         step_ranks(x2, c2, s, 2, mb, step);
         for (int r = 0; r < 2; r++) {
@@ -199,9 +198,9 @@ START_TEST(histogram_two_ranks_equal_one_and_track_exact)
     for (int i = 0; i < HMICRO; i++)
         bk_batch_free(&mb[i]);
     free(off);
-    module_destroy(&h1), module_destroy(&x1);
+    rig_destroy(&h1), rig_destroy(&x1);
     for (int r = 0; r < 2; r++)
-        module_destroy(&h2[r]), module_destroy(&x2[r]), k3rt_stream_destroy(s[r]);
+        rig_destroy(&h2[r]), rig_destroy(&x2[r]), k3rt_stream_destroy(s[r]);
     comm_local_destroy(c1, 1);
     comm_local_destroy(c2, 2);
 }
@@ -216,7 +215,7 @@ static void same_batch(const char *cfg, int updates, double *vio)
     enum { E = 16, K = 4 };
     k3rt_error err = {0};
     k3rt_stream *s = tu_cpu_stream(1);
-    module m;
+    rig m;
     TU_OK(bk_create(&m, "quantile", cfg, E, K, NULL, s, &err), err);
     double *off = linear_offsets(E, 1.5);
     k3rt_rng rng;
@@ -227,12 +226,12 @@ static void same_batch(const char *cfg, int updates, double *vio)
     for (int u = 0; u <= updates; u++) {
         bk_route(&b, bk_bias(&m));
         vio[u] = bk_maxvio(b.counts, E);
-        bk_observe(&m, s, &b.r);
-        bk_update(&m, s, NULL, u + 1);
+        bk_observe(&m, &b.r);
+        bk_update(&m, NULL, u + 1);
     }
     bk_batch_free(&b);
     free(off);
-    module_destroy(&m);
+    rig_destroy(&m);
     k3rt_stream_destroy(s);
 }
 
@@ -260,9 +259,9 @@ END_TEST
 START_TEST(refused)
 {
     k3rt_error err = {0};
-    module m;
+    rig m;
     ck_assert_int_eq(bk_create(&m, "quantile", "{}", 4, 4, NULL, NULL, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "1 <= top_k < experts"), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "needs top_k < experts"), "%s", err.msg);
     ck_assert_int_eq(bk_create(&m, "quantile", "{\"bins\": 1}", 8, 2, NULL, NULL, &err),
                      K3RT_ERR_INVALID);
     ck_assert_msg(strstr(err.msg, "key 'bins' must be in [2, "), "%s", err.msg);
@@ -277,14 +276,15 @@ START_TEST(refused)
     memset(b.scores, 0, (size_t)(4 * 6) * sizeof(float));
     float zero[6] = {0};
     bk_route(&b, zero);
-    ck_assert_int_eq(m.e->vt.balancer.observe(m.self, s, &b.r, &err), K3RT_ERR_INVALID);
-    ck_assert_msg(strstr(err.msg, "expected shape [4, 8], got [4, 6]"), "%s", err.msg);
+    ck_assert_int_eq(rig_observe(&m, &b.r, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "routing of 6 experts top-2, but the balancer serves 8 "
+                         "experts top-2"), "%s", err.msg);
     bk_batch_free(&b);
     /* an update with nothing observed keeps the bias */
-    bk_update(&m, s, NULL, 1);
+    bk_update(&m, NULL, 1);
     for (int e = 0; e < 8; e++)
         ck_assert(bk_bias(&m)[e] == 0.0f);
-    module_destroy(&m);
+    rig_destroy(&m);
     k3rt_stream_destroy(s);
 }
 END_TEST

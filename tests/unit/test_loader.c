@@ -67,11 +67,11 @@ START_TEST(older_minor_loads_with_missing_fields_null)
      * quote a help text it does not have (reading one would run past the table). */
     ck_assert_uint_lt(e->desc.option_size, sizeof(k3rt_option));
     json_t *cfg = json_object();
-    ck_assert_int_eq(k3rt_options_apply(e->desc.options, e->desc.n_options, e->desc.option_size,
+    ck_assert_int_eq(options_apply(e->desc.options, e->desc.n_options, e->desc.option_size,
                                         cfg, "mixer", &err), K3RT_ERR_INVALID);
     ck_assert_str_eq(err.msg, "mixer: missing required key 'init_std' (a number)");
     json_object_set_new(cfg, "init_std", json_real(0.5));
-    TU_OK(k3rt_options_apply(e->desc.options, e->desc.n_options, e->desc.option_size, cfg,
+    TU_OK(options_apply(e->desc.options, e->desc.n_options, e->desc.option_size, cfg,
                              "mixer", &err), err);
     json_decref(cfg);
 }
@@ -80,11 +80,15 @@ END_TEST
 START_TEST(refusals_name_file_and_reason)
 {
     expect_refusal(FIXTURES "no_entry.so", K3RT_ERR_ABI, "does not export k3rt_plugin_entry");
-    expect_refusal(FIXTURES "wrong_major.so", K3RT_ERR_ABI, "the major version must match");
-    /* both versions are named: the plugin's and the host's */
-    char want[160];
-    snprintf(want, sizeof want, "built for plugin ABI %d.%d, but this k3rt speaks ABI %d.%d",
-             K3RT_ABI_MAJOR + 1, K3RT_ABI_MINOR, K3RT_ABI_MAJOR, K3RT_ABI_MINOR);
+    /* both versions are named, the plugin's and the host's, and the fix */
+    char want[240];
+    snprintf(want, sizeof want, "abi1_plugin.so: built for plugin ABI 1.%d, but this k3rt "
+             "speaks ABI %d.%d: rebuild it against this k3rt's SDK (docs/plugins.md, \"Moving "
+             "a plugin from ABI 1 to 2\")", K3RT_ABI_MINOR, K3RT_ABI_MAJOR, K3RT_ABI_MINOR);
+    expect_refusal(FIXTURES "abi1_plugin.so", K3RT_ERR_ABI, want);
+    snprintf(want, sizeof want, "built for plugin ABI %d.%d, newer than this k3rt's ABI %d.%d: "
+             "upgrade k3rt, or rebuild the plugin against this SDK", K3RT_ABI_MAJOR + 1,
+             K3RT_ABI_MINOR, K3RT_ABI_MAJOR, K3RT_ABI_MINOR);
     expect_refusal(FIXTURES "wrong_major.so", K3RT_ERR_ABI, want);
     snprintf(want, sizeof want, "built for plugin ABI %d.%d, newer than this k3rt's ABI %d.%d",
              K3RT_ABI_MAJOR, K3RT_ABI_MINOR + 1, K3RT_ABI_MAJOR, K3RT_ABI_MINOR);

@@ -72,11 +72,11 @@ static int64_t optimizer_state_bytes(built *b)
     a.params = refs;
     a.n_params = m->n_params;
     a.stream = b->s;
-    module opt;
-    TU_OK(module_create(&opt, e, json_object_get(spec, "config"), &a, "optimizer", &err), err);
+    rig opt;
+    TU_OK(rig_create(&opt, e, json_object_get(spec, "config"), &a, "optimizer", &err), err);
     k3rt_memory mem;
-    TU_OK(module_memory(&opt, 0, 0, &mem, &err), err);
-    module_destroy(&opt);
+    TU_OK(rig_memory(&opt, 0, 0, &mem, &err), err);
+    rig_destroy(&opt);
     free(refs);
     return mem.state_bytes;
 }

@@ -1,16 +1,15 @@
 /* Kimi Delta Attention: descriptor, options, parameters (roles and head layout), init, FLOP and
- * memory counts, and the argument checks in front of the CPU kernels (layer.inc.c and the
- * recurrence in recurrent.inc.c / chunked.inc.c / summary.inc.c). Math: spec kda_mla.md §2-§6.
+ * memory counts, and the calls into the CPU kernels (layer.inc.c and the recurrence in
+ * recurrent.inc.c / chunked.inc.c / summary.inc.c). Math: spec kda_mla.md §2-§6.
  *
  * Parameter names follow Kimi-Linear's modeling code (q_proj, q_conv1d, f_a_proj, f_b_proj,
  * b_proj, A_log, dt_bias, g_a_proj, g_b_proj / K3's g_proj, o_norm, o_proj); conv filters are
  * stored [channels, width] (torch: [channels, 1, width], the same bytes).
  *
  * Context parallelism: cp_summary gives the affine map (M, B) of a span and cp_compose chains
- * them. The short conv also needs the W-1 layer inputs that precede a span (its halo); the
- * vtable has no argument for them yet, so forward and cp_summary treat every span as the start
- * of its sequence (exact with conv_width = 1 or on the first span). The internal entry points
- * take the halo (kda_io.x_halo / dx_halo). */
+ * them. The short conv also needs the W-1 layer inputs that precede a span (its halo):
+ * context() asks for them, and forward, backward and cp_summary take them as x_prefix (with
+ * d_x_prefix in the backward); a span without one starts its sequence. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,25 +182,14 @@ static int kda_init_param(void *self, const k3rt_param_decl *decl, k3rt_tensor t
 
 /* ---- instance ----------------------------------------------------------------------------- */
 
-static int64_t cfg_int_or(const json_t *c, const char *key, int64_t dflt)
+static int64_t cfg_int_or(const k3rt_config *c, const char *key, int64_t dflt)
 {
     return k3rt_cfg_is_null(c, key) ? dflt : k3rt_cfg_int(c, key);
 }
 
 static int kda_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
-    if (a->device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
-                         "kda: no CUDA implementation yet (device %d requested); run on the CPU",
-                         a->device);
-    if (a->dtype != K3RT_F32 && a->dtype != K3RT_F64)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
-                         "kda: the CPU implementation computes in f32 or f64, not %s",
-                         k3rt_dtype_name(a->dtype));
-    if (a->d_model < 1)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "kda: d_model must be >= 1, got %lld",
-                         (long long)a->d_model);
-    const json_t *c = a->config;
+    const k3rt_config *c = a->config;
     kda k;
     memset(&k, 0, sizeof k);
     k.d = a->d_model;
@@ -283,10 +271,8 @@ static int kda_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 
 static int kda_state_layout(void *self, int64_t batch, k3rt_state_layout *out, k3rt_error *err)
 {
+    (void)err;
     const kda *m = self;
-    if (batch < 1)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "kda: state_layout: batch must be >= 1, got %lld",
-                         (long long)batch);
     out->state = k3rt_tensor_view(NULL, m->dtype, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dv);
     out->summary_m =
         k3rt_tensor_view(NULL, m->dtype, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dk);
@@ -295,99 +281,42 @@ static int kda_state_layout(void *self, int64_t batch, k3rt_state_layout *out, k
     return K3RT_OK;
 }
 
-static int check_host(const kda *m, const k3rt_tensor *t, const char *what, int64_t d0,
-                      int64_t d1, int64_t d2, int64_t d3, int ndim, k3rt_error *err)
+/* The short conv reads the W - 1 layer inputs before a span. */
+static int kda_context(void *self, k3rt_context_needs *out)
 {
-    int64_t shape[4] = {d0, d1, d2, d3};
-    K3RT_TRY(k3rt_tensor_expect(t, what, m->dtype, ndim, shape, err));
-    if (t->device != K3RT_DEVICE_CPU || !t->data)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "kda: %s must be a host tensor with data", what);
+    const kda *m = self;
+    out->prefix_rows = m->W - 1;
+    out->kv_width = 0;
     return K3RT_OK;
 }
 
-/* An optional [B, HV, dk, dv] state: NULL when absent, an error when malformed. */
-static int opt_state(const kda *m, const k3rt_tensor *t, const char *what, int64_t B,
-                     const void **out, k3rt_error *err)
+/* The parameters by slot (KDA_*), NULL where a slot is absent. */
+static void by_slot(const kda *m, const k3rt_tensor *t, const void **out)
 {
-    *out = NULL;
-    if (!k3rt_tensor_present(t))
-        return K3RT_OK;
-    K3RT_TRY(check_host(m, t, what, B, m->HV, m->dk, m->dv, 4, err));
-    *out = t->data;
-    return K3RT_OK;
+    for (int s = 0; s < KDA_N_SLOTS; s++)
+        out[s] = m->slot[s] >= 0 ? t[m->slot[s]].data : NULL;
 }
 
-static int check_params(const kda *m, const k3rt_tensor *p, int n, const char *what,
-                        const void **out, k3rt_error *err)
-{
-    if (n != m->n_params || !p)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "kda: expected %d %s, got %d", m->n_params,
-                         what, p ? n : 0);
-    for (int s = 0; s < KDA_N_SLOTS; s++) {
-        out[s] = NULL;
-        if (m->slot[s] < 0)
-            continue;
-        k3rt_param_decl d = decl_of(m, s);
-        const k3rt_tensor *t = &p[m->slot[s]];
-        K3RT_TRY(k3rt_tensor_expect(t, d.name, m->dtype, d.ndim, d.shape, err));
-        if (!t->data)
-            return k3rt_fail(err, K3RT_ERR_INVALID, "kda: %s %s has no data", what, d.name);
-        out[s] = t->data;
-    }
-    return K3RT_OK;
-}
+static const void *opt_data(const k3rt_tensor *t) { return t->ndim ? t->data : NULL; }
 
-static int check_call(const kda *m, k3rt_stream *s, int64_t B, int64_t T, const void *saved,
-                      int64_t saved_bytes, const void *ws, int64_t ws_bytes, k3rt_error *err)
-{
-    if (!s || k3rt_stream_device(s) != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "kda: needs a CPU stream");
-    if (B < 1 || T < 1)
-        return k3rt_fail(err, K3RT_ERR_INVALID,
-                         "kda: batch and seq must be >= 1, got %lld x %lld", (long long)B,
-                         (long long)T);
-    k3rt_memory need;
-    memset(&need, 0, sizeof need);
-    kda_memory((void *)m, B, T, &need);
-    if (!saved || saved_bytes < need.saved_bytes)
-        return k3rt_fail(err, K3RT_ERR_INVALID,
-                         "kda: the saved buffer holds %lld bytes, memory() asks %lld for B=%lld "
-                         "T=%lld (forward needs it even when not training)",
-                         saved ? (long long)saved_bytes : 0LL, (long long)need.saved_bytes,
-                         (long long)B, (long long)T);
-    if (!ws || ws_bytes < need.workspace_bytes)
-        return k3rt_fail(err, K3RT_ERR_INVALID,
-                         "kda: the workspace holds %lld bytes, memory() asks %lld for B=%lld "
-                         "T=%lld", ws ? (long long)ws_bytes : 0LL,
-                         (long long)need.workspace_bytes, (long long)B, (long long)T);
-    return K3RT_OK;
-}
-
-/* The checks and the kda_io shared by forward and cp_summary. */
-static int fwd_io(const kda *m, const k3rt_fwd_args *a, int need_y, kda_io *io, k3rt_error *err)
+/* The kda_io shared by forward and cp_summary. */
+static void fwd_io(const kda *m, const k3rt_fwd_args *a, kda_io *io)
 {
     memset(io, 0, sizeof *io);
-    K3RT_TRY(check_call(m, a->stream, a->batch, a->seq, a->saved, a->saved_bytes, a->workspace,
-                        a->workspace_bytes, err));
-    K3RT_TRY(check_host(m, &a->x, "x", a->batch, a->seq, m->d, 0, 3, err));
-    if (need_y)
-        K3RT_TRY(check_host(m, &a->y, "y", a->batch, a->seq, m->d, 0, 3, err));
-    K3RT_TRY(check_params(m, a->params, a->n_params, "parameters", io->params, err));
+    by_slot(m, a->params, io->params);
     io->B = a->batch, io->T = a->seq;
-    io->x = a->x.data, io->y = need_y ? a->y.data : NULL;
-    io->saved = a->saved, io->ws = a->workspace;
-    return K3RT_OK;
+    io->x = a->x.data, io->y = a->y.data;
+    io->x_halo = opt_data(&a->x_prefix);
+    io->saved = a->saved[0], io->ws = a->workspace;
 }
 
 static int kda_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 {
     const kda *m = self;
     kda_io io;
-    K3RT_TRY(fwd_io(m, a, 1, &io, err));
-    K3RT_TRY(opt_state(m, &a->state_in, "state_in", a->batch, &io.s_in, err));
-    const void *s_out;
-    K3RT_TRY(opt_state(m, &a->state_out, "state_out", a->batch, &s_out, err));
-    io.s_out = (void *)s_out;
+    fwd_io(m, a, &io);
+    io.s_in = opt_data(&a->state_in);
+    io.s_out = (void *)opt_data(&a->state_out);
     return m->dtype == K3RT_F32 ? kda_layer_fwd_f32(m, a->stream, &io, err)
                                 : kda_layer_fwd_f64(m, a->stream, &io, err);
 }
@@ -397,23 +326,18 @@ static int kda_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
     const kda *m = self;
     kda_io io;
     memset(&io, 0, sizeof io);
-    K3RT_TRY(check_call(m, a->stream, a->batch, a->seq, a->saved, a->saved_bytes, a->workspace,
-                        a->workspace_bytes, err));
-    K3RT_TRY(check_host(m, &a->x, "x", a->batch, a->seq, m->d, 0, 3, err));
-    K3RT_TRY(check_host(m, &a->dy, "dy", a->batch, a->seq, m->d, 0, 3, err));
-    K3RT_TRY(check_host(m, &a->dx, "dx", a->batch, a->seq, m->d, 0, 3, err));
-    K3RT_TRY(check_params(m, a->params, a->n_params, "parameters", io.params, err));
+    by_slot(m, a->params, io.params);
     const void *g[KDA_N_SLOTS];
-    K3RT_TRY(check_params(m, a->grads, a->n_params, "gradients", g, err));
+    by_slot(m, a->grads, g);
     for (int s = 0; s < KDA_N_SLOTS; s++)
         io.grads[s] = (void *)g[s];
-    const void *ds_in;
-    K3RT_TRY(opt_state(m, &a->d_state_out, "d_state_out", a->batch, &io.ds_out, err));
-    K3RT_TRY(opt_state(m, &a->d_state_in, "d_state_in", a->batch, &ds_in, err));
-    io.ds_in = (void *)ds_in;
+    io.ds_out = opt_data(&a->d_state_out);
+    io.ds_in = (void *)opt_data(&a->d_state_in);
     io.B = a->batch, io.T = a->seq;
     io.x = a->x.data, io.dy = a->dy.data, io.dx = a->dx.data;
-    io.saved = a->saved, io.ws = a->workspace;
+    io.x_halo = opt_data(&a->x_prefix);
+    io.dx_halo = (void *)opt_data(&a->d_x_prefix);
+    io.saved = a->saved[0], io.ws = a->workspace;
     return m->dtype == K3RT_F32 ? kda_layer_bwd_f32(m, a->stream, &io, err)
                                 : kda_layer_bwd_f64(m, a->stream, &io, err);
 }
@@ -423,9 +347,8 @@ static int kda_cp_summary(void *self, const k3rt_fwd_args *a, k3rt_tensor sm, k3
 {
     const kda *m = self;
     kda_io io;
-    K3RT_TRY(fwd_io(m, a, 0, &io, err));
-    K3RT_TRY(check_host(m, &sm, "summary m", a->batch, m->HV, m->dk, m->dk, 4, err));
-    K3RT_TRY(check_host(m, &sb, "summary b", a->batch, m->HV, m->dk, m->dv, 4, err));
+    fwd_io(m, a, &io);
+    io.y = NULL;
     return m->dtype == K3RT_F32 ? kda_layer_summary_f32(m, a->stream, &io, sm.data, sb.data, err)
                                 : kda_layer_summary_f64(m, a->stream, &io, sm.data, sb.data, err);
 }
@@ -435,16 +358,7 @@ static int kda_cp_compose(void *self, k3rt_stream *s, k3rt_tensor m1, k3rt_tenso
                           k3rt_error *err)
 {
     const kda *m = self;
-    if (!s || k3rt_stream_device(s) != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "kda: needs a CPU stream");
-    int64_t B = m1.ndim == 4 ? m1.shape[0] : -1;
-    K3RT_TRY(check_host(m, &m1, "m1", B, m->HV, m->dk, m->dk, 4, err));
-    K3RT_TRY(check_host(m, &m2, "m2", B, m->HV, m->dk, m->dk, 4, err));
-    K3RT_TRY(check_host(m, &mo, "m", B, m->HV, m->dk, m->dk, 4, err));
-    K3RT_TRY(check_host(m, &b1, "b1", B, m->HV, m->dk, m->dv, 4, err));
-    K3RT_TRY(check_host(m, &b2, "b2", B, m->HV, m->dk, m->dv, 4, err));
-    K3RT_TRY(check_host(m, &bo, "b", B, m->HV, m->dk, m->dv, 4, err));
-    int64_t n = B * m->HV;
+    int64_t n = m1.shape[0] * m->HV;
     return m->dtype == K3RT_F32
                ? kda_compose_f32(s, n, m->dk, m->dv, m1.data, b1.data, m2.data, b2.data,
                                  mo.data, bo.data, err)
@@ -471,6 +385,7 @@ static const k3rt_attention_vtable kda_vtable = {
     .state_layout = kda_state_layout,
     .cp_summary = kda_cp_summary,
     .cp_compose = kda_cp_compose,
+    .context = kda_context,
 };
 
 static const k3rt_plugin_descriptor kda_descriptor = {
@@ -483,8 +398,7 @@ static const k3rt_plugin_descriptor kda_descriptor = {
     .description = "Kimi Delta Attention: gated delta rule with channel-wise forget gate (safe "
                    "lower-bound or softplus), short conv, GVA; chunked and recurrent CPU paths, "
                    "state in/out, context-parallel summaries",
-    .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC | K3RT_CAP_STATE |
-            K3RT_CAP_CONTEXT_PARALLEL,
+    .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
     .options = kda_options,
     .n_options = KDA_N_OPTIONS,
     .option_size = sizeof(k3rt_option),

@@ -258,7 +258,7 @@ int SUF(mla_forward)(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
     int64_t dn = m->dn, dr = m->dr, dv = m->dv, dc = m->dc, rq = m->rq, dqk = m->dqk;
     mla_layout L;
     mla_layout_make(m, B, T, m->slots, &L);
-    REAL *sv = a->saved, *ws = a->workspace, *W[MLA_N_SLOTS];
+    REAL *sv = a->saved[0], *ws = a->workspace, *W[MLA_N_SLOTS];
     SUF(by_slot)(m, a->params, W);
     const REAL *x = a->x.data;
 
@@ -337,7 +337,7 @@ int SUF(mla_backward)(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
     int64_t dn = m->dn, dr = m->dr, dv = m->dv, dc = m->dc, rq = m->rq, dqk = m->dqk;
     mla_layout L;
     mla_layout_make(m, B, T, m->slots, &L);
-    REAL *sv = a->saved, *ws = a->workspace, *W[MLA_N_SLOTS], *G[MLA_N_SLOTS];
+    REAL *sv = a->saved[0], *ws = a->workspace, *W[MLA_N_SLOTS], *G[MLA_N_SLOTS];
     SUF(by_slot)(m, a->params, W);
     SUF(by_slot)(m, a->grads, G);
     const REAL *x = a->x.data, *dy = a->dy.data, *o = sv + L.o;

@@ -52,7 +52,7 @@ int mla_forward_cuda(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
     int64_t dn = m->dn, dr = m->dr, dv = m->dv, dc = m->dc, rq = m->rq;
     mla_layout L;
     mla_layout_make(m, B, T, 0, &L);
-    void *sv = a->saved, *ws = a->workspace, *W[MLA_N_SLOTS];
+    void *sv = a->saved[0], *ws = a->workspace, *W[MLA_N_SLOTS];
     by_slot(m, a->params, W);
     K3RT_TRY(mla_cuda_enter(m->device, err));
     const void *x = a->x.data;
@@ -94,7 +94,6 @@ int mla_forward_cuda(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
         K3RT_TRY(mla_head_max_cuda(st, core.block_max, B, H, T, m->dev_max, !m->dev_fresh,
                                    err));
         m->dev_fresh = 0;
-        m->dev_stream = s;
     }
 
     /* Output gate (z = x Wg^T kept): og = O ⊙ sigmoid(z); y = og Wo^T. */
@@ -119,7 +118,7 @@ int mla_backward_cuda(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
     int64_t dn = m->dn, dr = m->dr, dv = m->dv, dc = m->dc, rq = m->rq;
     mla_layout L;
     mla_layout_make(m, B, T, 0, &L);
-    void *sv = a->saved, *ws = a->workspace, *W[MLA_N_SLOTS], *G[MLA_N_SLOTS];
+    void *sv = a->saved[0], *ws = a->workspace, *W[MLA_N_SLOTS], *G[MLA_N_SLOTS];
     by_slot(m, a->params, W);
     by_slot(m, a->grads, G);
     K3RT_TRY(mla_cuda_enter(m->device, err));
@@ -191,13 +190,3 @@ int mla_backward_cuda(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
 #undef SV
 #undef WS
 
-/* ---- statistics ------------------------------------------------------------------------------ */
-
-int mla_cuda_read_max(mla *m, k3rt_error *err)
-{
-    if (m->dev_fresh || !m->dev_stream)
-        return K3RT_OK; /* nothing forwarded since reset_stats: max_logit holds -inf */
-    K3RT_TRY(k3rt_memcpy(m->dev_stream, m->max_logit, K3RT_DEVICE_CPU, m->dev_max, m->device,
-                         (size_t)m->H * sizeof(float), err));
-    return k3rt_stream_sync(m->dev_stream, err);
-}

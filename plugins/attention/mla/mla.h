@@ -46,11 +46,11 @@ typedef struct mla {
     int slots;      /* CPU attention scratch slots = threads of the create stream; 0 on CUDA */
     int slot[MLA_N_SLOTS];  /* parameter index of each slot, or -1 */
     int n_params;
-    float *max_logit;       /* [H] since reset_stats; -inf before anything was forwarded */
-    /* CUDA: the per-head maxima live on the device ([H] f32) and reach max_logit when stats()
-     * asks, through the stream of the last forward. dev_fresh: no forward since reset_stats. */
+    k3rt_stream *stream;    /* the create stream */
+    float *max_logit;       /* CPU: [H] since reset_stats; -inf before anything was forwarded */
+    /* CUDA: the per-head maxima live on the device ([H] f32), where stats() reports them.
+     * dev_fresh: no forward since reset_stats. */
     float *dev_max;
-    k3rt_stream *dev_stream;
     int dev_fresh;
 } mla;
 
@@ -101,7 +101,5 @@ int mla_backward_f64(mla *m, const k3rt_bwd_args *a, k3rt_error *err);
  * tensors. Under bf16 the parameter gradients are f32 (k3rt/ops.h). */
 int mla_forward_cuda(mla *m, const k3rt_fwd_args *a, k3rt_error *err);
 int mla_backward_cuda(mla *m, const k3rt_bwd_args *a, k3rt_error *err);
-/* Copies the device's per-head maxima into max_logit (synchronises the last forward's stream). */
-int mla_cuda_read_max(mla *m, k3rt_error *err);
 
 #endif

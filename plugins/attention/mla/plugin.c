@@ -139,45 +139,14 @@ static int mla_declare_params(void *self, k3rt_param_sink *sink, k3rt_error *err
 
 /* ---- instance ----------------------------------------------------------------------------- */
 
-/* Device and dtype: f32/f64 on the CPU, f32/bf16 on CUDA (in a build with CUDA). */
-static int check_device(const k3rt_create_args *a, k3rt_error *err)
-{
-    if (a->device == K3RT_DEVICE_CPU) {
-        if (a->dtype != K3RT_F32 && a->dtype != K3RT_F64)
-            return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
-                             "mla: the CPU implementation computes in f32 or f64, not %s",
-                             k3rt_dtype_name(a->dtype));
-        return K3RT_OK;
-    }
-#ifdef K3RT_PLUGIN_HAVE_CUDA
-    if (a->device < 0)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "mla: device %d is neither the CPU nor a CUDA "
-                         "ordinal", a->device);
-    if (a->dtype != K3RT_F32 && a->dtype != K3RT_BF16)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
-                         "mla: the CUDA implementation computes in f32 or bf16, not %s",
-                         k3rt_dtype_name(a->dtype));
-    return K3RT_OK;
-#else
-    return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
-                     "mla: this build of the plugin has no CUDA path (device %d requested; the "
-                     "CUDA toolkit was not found when it was built); run on the CPU",
-                     a->device);
-#endif
-}
-
 static void mla_destroy(void *self);
 
 static int mla_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
-    K3RT_TRY(check_device(a, err));
-    if (a->d_model < 1)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "mla: d_model must be >= 1, got %lld",
-                         (long long)a->d_model);
     mla *m = calloc(1, sizeof *m);
     if (!m)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "mla: out of memory");
-    const json_t *c = a->config;
+    const k3rt_config *c = a->config;
     m->d = a->d_model;
     m->H = k3rt_cfg_int(c, "heads");
     m->rq = k3rt_cfg_int(c, "q_rank");
@@ -193,6 +162,7 @@ static int mla_create(const k3rt_create_args *a, void **self, k3rt_error *err)
                                                     : k3rt_cfg_float(c, "softmax_scale");
     m->dtype = a->dtype;
     m->device = a->device;
+    m->stream = a->stream;
     m->report_max = k3rt_cfg_bool(c, "report_max_logit");
     const char *kernel = k3rt_cfg_string(c, "cuda_kernel");
     m->kernel = !strcmp(kernel, "cudnn") ? MLA_KERNEL_CUDNN
@@ -283,18 +253,20 @@ static int mla_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
     return K3RT_OK;
 }
 
-/* Per-head max of the scaled pre-softmax logit (masked entries excluded), for QK-clip;
- * nothing under report_max_logit = false. */
+/* Per-head max of the scaled pre-softmax logit (masked entries excluded), for QK-clip, on the
+ * instance's device; nothing under report_max_logit = false. */
 static int mla_stats(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
 {
     mla *m = self;
     if (!m->report_max)
         return K3RT_OK;
-#ifdef K3RT_PLUGIN_HAVE_CUDA
-    if (m->device != K3RT_DEVICE_CPU)
-        K3RT_TRY(mla_cuda_read_max(m, err));
-#endif
-    k3rt_tensor t = k3rt_tensor_view(m->max_logit, K3RT_F32, K3RT_DEVICE_CPU, 1, m->H, 0, 0, 0);
+    float *max = m->max_logit;
+    if (m->device != K3RT_DEVICE_CPU) {
+        max = m->dev_max;
+        if (m->dev_fresh)  /* nothing forwarded since reset_stats */
+            K3RT_TRY(k3rt_fill(m->stream, K3RT_F32, max, m->H, -INFINITY, err));
+    }
+    k3rt_tensor t = k3rt_tensor_view(max, K3RT_F32, m->device, 1, m->H, 0, 0, 0);
     return k3rt_tensor_sink_add(sink, "max_logit", t, K3RT_REDUCE_MAX, err);
 }
 
@@ -308,78 +280,9 @@ static void mla_reset_stats(void *self)
 
 /* ---- calls -------------------------------------------------------------------------------- */
 
-static const char *where_of(const mla *m)
-{
-    return m->device == K3RT_DEVICE_CPU ? "a host" : "a device";
-}
-
-static int check_tensor(const mla *m, const k3rt_tensor *t, const char *what, int64_t B,
-                        int64_t T, k3rt_error *err)
-{
-    int64_t shape[3] = {B, T, m->d};
-    K3RT_TRY(k3rt_tensor_expect(t, what, m->dtype, 3, shape, err));
-    if (t->device != m->device || !t->data)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "mla: %s must be %s tensor (device %d) with "
-                         "data; it is on device %d", what, where_of(m), m->device, t->device);
-    return K3RT_OK;
-}
-
-/* Parameters have the compute dtype; gradients too, except under bf16, where they are f32. */
-static int check_params(const mla *m, const k3rt_tensor *p, int n, const char *what, int grads,
-                        k3rt_error *err)
-{
-    int dtype = grads && m->dtype == K3RT_BF16 ? K3RT_F32 : m->dtype;
-    if (n != m->n_params || !p)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "mla: expected %d %s, got %d", m->n_params,
-                         what, p ? n : 0);
-    for (int s = 0; s < MLA_N_SLOTS; s++) {
-        if (m->slot[s] < 0)
-            continue;
-        k3rt_param_decl d = decl_of(m, s);
-        const k3rt_tensor *t = &p[m->slot[s]];
-        K3RT_TRY(k3rt_tensor_expect(t, d.name, dtype, d.ndim, d.shape, err));
-        if (!t->data || t->device != m->device)
-            return k3rt_fail(err, K3RT_ERR_INVALID, "mla: %s %s must be %s tensor (device %d) "
-                             "with data", what, d.name, where_of(m), m->device);
-    }
-    return K3RT_OK;
-}
-
-static int check_call(const mla *m, k3rt_stream *s, int64_t B, int64_t T, const void *saved,
-                      int64_t saved_bytes, const void *ws, int64_t ws_bytes, k3rt_error *err)
-{
-    if (!s || k3rt_stream_device(s) != m->device)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "mla: the instance computes on device %d "
-                         "(-1 is the CPU) and needs a stream of it, got %s", m->device,
-                         s ? "a stream of another device" : "no stream");
-    if (B < 1 || T < 1)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "mla: batch and seq must be >= 1, got %lld x %lld",
-                         (long long)B, (long long)T);
-    int64_t need_saved, need_ws;
-    mla_bytes(m, B, T, &need_saved, &need_ws);
-    if (!saved || saved_bytes < need_saved)
-        return k3rt_fail(err, K3RT_ERR_INVALID,
-                         "mla: the saved buffer holds %lld bytes, memory() asks %lld for "
-                         "B=%lld T=%lld (forward needs it even when not training)",
-                         saved ? (long long)saved_bytes : 0LL, (long long)need_saved,
-                         (long long)B, (long long)T);
-    if (!ws || ws_bytes < need_ws)
-        return k3rt_fail(err, K3RT_ERR_INVALID,
-                         "mla: the workspace holds %lld bytes, memory() asks %lld for B=%lld "
-                         "T=%lld",
-                         ws ? (long long)ws_bytes : 0LL, (long long)need_ws,
-                         (long long)B, (long long)T);
-    return K3RT_OK;
-}
-
 static int mla_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 {
     mla *m = self;
-    K3RT_TRY(check_call(m, a->stream, a->batch, a->seq, a->saved, a->saved_bytes, a->workspace,
-                        a->workspace_bytes, err));
-    K3RT_TRY(check_tensor(m, &a->x, "x", a->batch, a->seq, err));
-    K3RT_TRY(check_tensor(m, &a->y, "y", a->batch, a->seq, err));
-    K3RT_TRY(check_params(m, a->params, a->n_params, "parameters", 0, err));
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (m->device != K3RT_DEVICE_CPU)
         return mla_forward_cuda(m, a, err);
@@ -390,13 +293,6 @@ static int mla_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 static int mla_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
 {
     mla *m = self;
-    K3RT_TRY(check_call(m, a->stream, a->batch, a->seq, a->saved, a->saved_bytes, a->workspace,
-                        a->workspace_bytes, err));
-    K3RT_TRY(check_tensor(m, &a->x, "x", a->batch, a->seq, err));
-    K3RT_TRY(check_tensor(m, &a->dy, "dy", a->batch, a->seq, err));
-    K3RT_TRY(check_tensor(m, &a->dx, "dx", a->batch, a->seq, err));
-    K3RT_TRY(check_params(m, a->params, a->n_params, "parameters", 0, err));
-    K3RT_TRY(check_params(m, a->grads, a->n_params, "gradients", 1, err));
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (m->device != K3RT_DEVICE_CPU)
         return mla_backward_cuda(m, a, err);

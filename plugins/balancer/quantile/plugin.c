@@ -27,13 +27,10 @@ static void qb_destroy(void *self)
 
 static int qb_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
-    if (a->device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "quantile has no CUDA path yet; run on the "
-                         "CPU");
-    if (a->n_experts < 2 || a->top_k < 1 || a->top_k >= a->n_experts)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "quantile: needs a routed MoE layer with "
-                         "1 <= top_k < experts (the cutoff is the (k+1)-th score), got top-%d of "
-                         "%d experts", a->top_k, a->n_experts);
+    if (a->top_k >= a->n_experts)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "quantile: needs top_k < experts (the cutoff is "
+                         "the (k+1)-th score), got top-%d of %d experts", a->top_k,
+                         a->n_experts);
     qb *q = calloc(1, sizeof *q);
     if (!q)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "quantile: out of memory");

@@ -68,12 +68,6 @@ int qb_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *er
     (void)s;
     qb *q = self;
     int64_t N = r->batch * r->seq;
-    const int64_t shape[2] = {N, q->E};
-    K3RT_TRY(k3rt_tensor_expect(&r->scores, "quantile: routing scores", K3RT_F32, 2, shape,
-                                err));
-    if (!r->scores.data || r->scores.device != K3RT_DEVICE_CPU || r->top_k != q->k)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "quantile: routing must carry CPU scores of a "
-                         "top-%d layer (got top-%d)", q->k, r->top_k);
     const float *sc = r->scores.data;
     double lo, w;
     qb_window(q, &lo, &w);

@@ -9,7 +9,6 @@ enum { GLU_GATE = 0, GLU_UP = 1, GLU_DOWN = 2, GLU_N_PARAMS = 3 };
 
 typedef struct dense_glu {
     int dtype;          /* compute dtype: f32 or f64 on the CPU, f32 or bf16 on CUDA */
-    int grad_dtype;     /* of the parameter gradients: f32 under bf16 (k3rt/ops.h), else dtype */
     int device;         /* K3RT_DEVICE_CPU or a CUDA ordinal */
     int64_t d, hidden;
     int glu;            /* k3rt_glu */

@@ -74,8 +74,7 @@ typedef struct lm_layout {
     int64_t b_dz;       /* real [N, E]   d router logits */
     int64_t b_dsa, b_dsg, b_dsu; /* real [N, Hs] */
     int64_t bwd;
-    /* inference keeps the "saved" tensors in the workspace, after the forward scratch */
-    int64_t workspace;  /* max(bwd, fwd + saved) */
+    int64_t workspace;  /* max(bwd, fwd) */
 } lm_layout;
 
 void lm_layout_make(const latent_moe *f, int64_t tokens, lm_layout *l);

@@ -58,5 +58,5 @@ void lm_layout_make(const latent_moe *f, int64_t N, lm_layout *L)
     L->b_dsg = take(&at, sh);
     L->b_dsu = take(&at, sh);
     L->bwd = at;
-    L->workspace = L->bwd > L->fwd + L->saved ? L->bwd : L->fwd + L->saved;
+    L->workspace = L->bwd > L->fwd ? L->bwd : L->fwd;
 }

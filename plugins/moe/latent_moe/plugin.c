@@ -58,16 +58,10 @@ static int fail_key(k3rt_error *err, const char *key, const char *why, long long
 
 static int lm_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
-    if (a->device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "latent_moe has no CUDA path yet; run on "
-                         "the CPU");
-    if (a->dtype != K3RT_F32 && a->dtype != K3RT_F64)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "latent_moe computes in f32 or f64 on the "
-                         "CPU, not %s", k3rt_dtype_name(a->dtype));
     if (a->d_model < 2)
         return k3rt_fail(err, K3RT_ERR_INVALID, "latent_moe: d_model must be >= 2, got %lld",
                          (long long)a->d_model);
-    const json_t *cfg = a->config;
+    const k3rt_config *cfg = a->config;
     int64_t E = k3rt_cfg_int(cfg, "experts"), k = k3rt_cfg_int(cfg, "top_k");
     if (k > E)
         return fail_key(err, "top_k", "must be <= experts", (long long)k);

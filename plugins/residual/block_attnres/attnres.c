@@ -27,76 +27,15 @@ typedef struct call {
     size_t row_bytes;   /* bytes of one [B, T, d] activation */
 } call;
 
-static const char *call_name(int s, int S)
-{
-    return s == S ? "the output aggregation" : s % 2 ? "an FFN sublayer" : "an attention sublayer";
-}
-
-static int check_act(const attnres *r, const k3rt_residual_args *a, const k3rt_tensor *t,
-                     const char *what, k3rt_error *err)
-{
-    const int64_t shape[3] = {a->batch, a->seq, r->d};
-    K3RT_TRY(k3rt_tensor_expect(t, what, r->dtype, 3, shape, err));
-    if (t->device != K3RT_DEVICE_CPU || !t->data)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: %s must be a host tensor with "
-                         "data", what);
-    return K3RT_OK;
-}
-
-static int check_params(const attnres *r, const k3rt_residual_args *a, int backward,
-                        k3rt_error *err)
-{
-    int want = 2 * (r->S + 1);
-    if (a->n_params != want || !a->params || (backward && !a->grads))
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: expected %d parameters%s "
-                         "(a query and a key-norm gain per sublayer and the output), got %d",
-                         want, backward ? " and their gradients" : "",
-                         a->params ? a->n_params : 0);
-    const int64_t shape[1] = {r->d};
-    for (int i = 0; i < want; i++) {
-        char what[64];
-        snprintf(what, sizeof what, "block_attnres parameter %d", i);
-        K3RT_TRY(k3rt_tensor_expect(&a->params[i], what, r->dtype, 1, shape, err));
-        if (backward) {
-            snprintf(what, sizeof what, "block_attnres gradient %d", i);
-            K3RT_TRY(k3rt_tensor_expect(&a->grads[i], what, r->dtype, 1, shape, err));
-        }
-    }
-    return K3RT_OK;
-}
-
-/* Validates a call and carves its buffers. op: k3rt op mode (no sublayer count, no saved
- * state across calls). */
-static int call_open(attnres *r, const k3rt_residual_args *a, int backward, int op, call *c,
-                     k3rt_error *err)
+/* The call's buffers: the model's state in saved (its layout in attnres.h), scratch. */
+static void call_open(attnres *r, const k3rt_residual_args *a, call *c)
 {
     c->r = r;
     c->a = a;
-    if (a->batch < 1 || a->seq < 1)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: batch and seq must be >= 1, "
-                         "got %lld and %lld", (long long)a->batch, (long long)a->seq);
-    if (!op && a->n_sublayers != r->S)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: built for %d sublayers (%d "
-                         "layers), called with %d", r->S, r->n_layers, a->n_sublayers);
-    if (a->sublayer < 0 || a->sublayer > r->S)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: sublayer %d outside [0, %d] "
-                         "(%d is the output aggregation)", a->sublayer, r->S, r->S);
-    K3RT_TRY(check_act(r, a, &a->t, "block_attnres t", err));
-    K3RT_TRY(check_params(r, a, backward, err));
     attnres_layout_make(r, a->batch * a->seq, &c->l);
-    if (!op && (!a->saved || a->saved_bytes < c->l.saved_bytes))
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: saved buffer of %lld bytes, "
-                         "need %lld (see memory())", (long long)(a->saved ? a->saved_bytes : 0),
-                         (long long)c->l.saved_bytes);
-    if (!a->workspace || a->workspace_bytes < c->l.workspace_bytes)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: workspace of %lld bytes, need "
-                         "%lld (see memory())",
-                         (long long)(a->workspace ? a->workspace_bytes : 0),
-                         (long long)c->l.workspace_bytes);
-    c->saved = a->saved;
+    c->saved = a->saved[0];
     c->ws = a->workspace;
     c->row_bytes = k3rt_tensor_bytes(&a->t);
-    return K3RT_OK;
 }
 
 static void *src(const call *c, int j) { return c->saved + c->l.src + j * c->l.row; }
@@ -167,7 +106,7 @@ static ar_op model_op(const call *c, int s, const void *partial)
 int attnres_begin(void *self, const k3rt_residual_args *a, k3rt_error *err)
 {
     call c;
-    K3RT_TRY(call_open(self, a, 0, 0, &c, err));
+    call_open(self, a, &c);
     return copy(&c, src(&c, 0), a->t.data, err);
 }
 
@@ -175,11 +114,8 @@ int attnres_mix(void *self, const k3rt_residual_args *a, k3rt_error *err)
 {
     attnres *r = self;
     call c;
-    K3RT_TRY(call_open(r, a, 0, 0, &c, err));
+    call_open(r, a, &c);
     int s = a->sublayer;
-    if (s == r->S)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: mix of sublayer %d: the output "
-                         "aggregation is finish()", s);
     if (s == 0) {
         /* K3's layer-0 rule: the first attention input is the embedding alone. */
         r->alpha_sum[0] += (double)c.l.N;
@@ -198,10 +134,7 @@ int attnres_push(void *self, const k3rt_residual_args *a, k3rt_error *err)
 {
     attnres *r = self;
     call c;
-    K3RT_TRY(call_open(r, a, 0, 0, &c, err));
-    if (a->sublayer == r->S)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: push of sublayer %d: there are "
-                         "only %d sublayers", a->sublayer, r->S);
+    call_open(r, a, &c);
     if (attnres_opens(r, a->sublayer))
         return copy(&c, part(&c), a->t.data, err);
     return add(&c, part(&c), a->t.data, err);
@@ -211,7 +144,7 @@ int attnres_finish(void *self, const k3rt_residual_args *a, k3rt_error *err)
 {
     attnres *r = self;
     call c;
-    K3RT_TRY(call_open(r, a, 0, 0, &c, err));
+    call_open(r, a, &c);
     ar_op op = model_op(&c, r->S, part(&c));
     K3RT_TRY(op_fwd(&c, &op, a->t.data, err));
     attnres_note_alpha(r, r->S, op.alpha, op.N, op.n);
@@ -234,7 +167,7 @@ int attnres_finish_backward(void *self, const k3rt_residual_args *a, k3rt_error 
 {
     attnres *r = self;
     call c;
-    K3RT_TRY(call_open(r, a, 1, 0, &c, err));
+    call_open(r, a, &c);
     /* d stored sources and dP are contiguous: zero them in one go. */
     K3RT_TRY(k3rt_memset(a->stream, dsrc(&c, 0), K3RT_DEVICE_CPU, 0,
                          (size_t)((r->nb + 1) * c.l.row), err));
@@ -244,7 +177,7 @@ int attnres_finish_backward(void *self, const k3rt_residual_args *a, k3rt_error 
 int attnres_push_backward(void *self, const k3rt_residual_args *a, k3rt_error *err)
 {
     call c;
-    K3RT_TRY(call_open(self, a, 1, 0, &c, err));
+    call_open(self, a, &c);
     return copy(&c, a->t.data, dpart(&c), err);
 }
 
@@ -252,11 +185,8 @@ int attnres_mix_backward(void *self, const k3rt_residual_args *a, k3rt_error *er
 {
     attnres *r = self;
     call c;
-    K3RT_TRY(call_open(r, a, 1, 0, &c, err));
+    call_open(r, a, &c);
     int s = a->sublayer;
-    if (s == r->S)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: mix_backward of sublayer %d: "
-                         "the output aggregation is finish_backward()", s);
     if (s == 0) {
         /* The embedding: every reader of src[0] plus layer 0's identity mix. */
         K3RT_TRY(copy(&c, dpart(&c), dsrc(&c, 0), err));
@@ -268,15 +198,7 @@ int attnres_mix_backward(void *self, const k3rt_residual_args *a, k3rt_error *er
         K3RT_TRY(copy(&c, dpart(&c), dsrc(&c, n), err));
         return model_op_backward(&c, s, src(&c, n), err);
     }
-    const k3rt_tensor *h = a->struct_size >= offsetof(k3rt_residual_args, sublayer_input) +
-                                                 sizeof(k3rt_tensor)
-                               ? &a->sublayer_input
-                               : NULL;
-    if (!h || !k3rt_tensor_present(h))
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: mix_backward of sublayer %d (%s "
-                         "inside a block) needs args.sublayer_input, what mix(%d) produced in "
-                         "the forward; the caller did not pass it", s, call_name(s, r->S), s);
-    K3RT_TRY(check_act(r, a, h, "block_attnres sublayer_input", err));
+    const k3rt_tensor *h = &a->sublayer_input;
     void *p = c.ws + c.l.ws_row;
     ar_op op = model_op(&c, s, p);
     K3RT_TRY(r->dtype == K3RT_F32 ? attnres_partial_f32(&op, h->data, p, err)
@@ -287,33 +209,21 @@ int attnres_mix_backward(void *self, const k3rt_residual_args *a, k3rt_error *er
 int attnres_begin_backward(void *self, const k3rt_residual_args *a, k3rt_error *err)
 {
     call c;
-    K3RT_TRY(call_open(self, a, 1, 0, &c, err));
+    call_open(self, a, &c);
     return copy(&c, a->t.data, dpart(&c), err);
 }
 
 /* ---- one op over explicit sources (`k3rt op`): sources.{j} then the partial, if given ------- */
 
-static int op_sources(const call *c, const k3rt_tensor *sources, const k3rt_tensor *partial,
-                      int *n_out, k3rt_error *err)
+static int op_sources(const call *c, int *n_out, k3rt_error *err)
 {
     const k3rt_residual_args *a = c->a;
-    int has_p = partial->ndim > 0, n = a->n_sources + has_p;
-    if (a->n_sources < 0 || (a->n_sources > 0 && !sources) || n < 1)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: the op needs at least one "
-                         "source or a partial sum, got %d sources%s", a->n_sources,
-                         has_p ? " and a partial" : "");
+    int n = a->n_sources + (a->partial.ndim > 0);
     if (n > c->r->nb + 1)
         return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: %d sources, but a model of %d "
                          "layers (block_layers %d%s) mixes at most %d; give more layers",
                          n, c->r->n_layers, c->r->block_layers, c->r->full ? ", full" : "",
                          c->r->nb + 1);
-    for (int j = 0; j < a->n_sources; j++) {
-        char what[64];
-        snprintf(what, sizeof what, "block_attnres sources.%d", j);
-        K3RT_TRY(check_act(c->r, a, &sources[j], what, err));
-    }
-    if (has_p)
-        K3RT_TRY(check_act(c->r, a, partial, "block_attnres partial", err));
     *n_out = n;
     return K3RT_OK;
 }
@@ -321,8 +231,8 @@ static int op_sources(const call *c, const k3rt_tensor *sources, const k3rt_tens
 /* Points r->v at the sources and the partial, and returns op s with alpha in workspace. */
 static int op_mode(const call *c, ar_op *op, k3rt_error *err)
 {
-    int n;
-    K3RT_TRY(op_sources(c, c->a->sources, &c->a->partial, &n, err));
+    int n = 0;
+    K3RT_TRY(op_sources(c, &n, err));
     for (int j = 0; j < c->a->n_sources; j++)
         c->r->v[j] = c->a->sources[j].data;
     if (n > c->a->n_sources)
@@ -335,7 +245,7 @@ int attnres_op_forward(void *self, const k3rt_residual_args *a, k3rt_error *err)
 {
     call c;
     ar_op op;
-    K3RT_TRY(call_open(self, a, 0, 1, &c, err));
+    call_open(self, a, &c);
     K3RT_TRY(op_mode(&c, &op, err));
     K3RT_TRY(op_fwd(&c, &op, a->t.data, err));
     attnres_note_alpha(self, a->sublayer, op.alpha, op.N, op.n);
@@ -348,18 +258,14 @@ int attnres_op_backward(void *self, const k3rt_residual_args *a, k3rt_error *err
     attnres *r = self;
     call c;
     ar_op op;
-    K3RT_TRY(call_open(r, a, 1, 1, &c, err));
+    call_open(r, a, &c);
     K3RT_TRY(op_mode(&c, &op, err));
-    int n;
-    K3RT_TRY(op_sources(&c, a->d_sources, &a->d_partial, &n, err));
-    if (n != op.n)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: op_backward has %d gradient "
-                         "tensors for %d sources", n, op.n);
+    int n = op.n;
     K3RT_TRY(op_fwd(&c, &op, c.ws + c.l.ws_row, err));
     for (int j = 0; j < a->n_sources; j++)
         r->dv[j] = a->d_sources[j].data;
     if (n > a->n_sources)
-        r->dv[n - 1] = a->d_partial.data;
+        r->dv[n - 1] = a->d_partial.data;  /* given with partial (the host checked) */
     for (int j = 0; j < n; j++)
         K3RT_TRY(k3rt_memset(a->stream, r->dv[j], K3RT_DEVICE_CPU, 0, c.row_bytes, err));
     return op_bwd(&c, &op, a->sublayer, a->t.data, err);

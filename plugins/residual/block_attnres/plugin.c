@@ -29,16 +29,6 @@ static void attnres_destroy(void *self)
 
 static int attnres_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
-    if (a->device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "block_attnres has no CUDA path yet; run "
-                         "on the CPU");
-    if (a->dtype != K3RT_F32 && a->dtype != K3RT_F64)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "block_attnres computes in f32 or f64 on "
-                         "the CPU, not %s", k3rt_dtype_name(a->dtype));
-    if (a->d_model < 1 || a->n_layers < 1)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: needs d_model >= 1 and "
-                         "n_layers >= 1, got d_model %lld, n_layers %d",
-                         (long long)a->d_model, a->n_layers);
     double eps = k3rt_cfg_float(a->config, "norm_eps");
     if (!(eps > 0))
         return k3rt_fail(err, K3RT_ERR_INVALID, "block_attnres: key 'norm_eps' must be > 0, "

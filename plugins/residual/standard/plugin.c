@@ -10,23 +10,6 @@ int64_t standard_stream_bytes(const standard_residual *r, int64_t batch, int64_t
 
 static int std_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
-    int cpu = a->device == K3RT_DEVICE_CPU;
-    if (a->device < K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "standard residual: device %d is neither the "
-                         "CPU (-1) nor a CUDA ordinal", a->device);
-    if (cpu ? a->dtype != K3RT_F32 && a->dtype != K3RT_F64
-            : a->dtype != K3RT_F32 && a->dtype != K3RT_BF16)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "standard residual computes in f32 or f64 "
-                         "on the CPU and in f32 or bf16 on CUDA, not %s on %s",
-                         k3rt_dtype_name(a->dtype), cpu ? "the CPU" : "CUDA");
-#ifndef K3RT_PLUGIN_HAVE_CUDA
-    if (!cpu)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "standard residual was built without CUDA; "
-                         "run on the CPU");
-#endif
-    if (a->d_model < 1)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "standard residual: d_model must be >= 1, "
-                         "got %lld", (long long)a->d_model);
     standard_residual *r = calloc(1, sizeof *r);
     if (!r)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "standard residual: out of memory");

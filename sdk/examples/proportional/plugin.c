@@ -9,9 +9,10 @@
  * step, dithering around balance). Centring keeps the bias from drifting as a whole: only
  * differences between experts change the top-k selection.
  *
- * The bias is state (checkpointed). The routing counts arrive on the host; the update runs on
- * the host and the bias is copied to the run's device, so the plugin serves CPU and CUDA runs
- * alike. */
+ * The bias is state (checkpointed). The routing counts arrive on the run's device; they are
+ * copied to the host (a synchronisation per micro-batch on a GPU: a fast balancer would keep
+ * them on the device), the update runs on the host and the bias is copied back to the run's
+ * device, so the plugin serves CPU and CUDA runs alike. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +30,7 @@ typedef struct proportional {
     float *bias;          /* [E] host: the state */
     float *bias_dev;      /* [E] on the run's device (== bias on the CPU) */
     int64_t *counts;      /* [E] tokens per expert since the last update */
+    int64_t *host_counts; /* [E] one micro-batch's counts copied from the device */
 } proportional;
 
 static void pb_destroy(void *self)
@@ -40,6 +42,7 @@ static void pb_destroy(void *self)
         k3rt_free(b->device, b->bias_dev);
     free(b->bias);
     free(b->counts);
+    free(b->host_counts);
     free(b);
 }
 
@@ -66,7 +69,8 @@ static int pb_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     b->stream = a->stream;
     b->bias = calloc((size_t)b->E, sizeof *b->bias);
     b->counts = calloc((size_t)b->E, sizeof *b->counts);
-    if (!b->bias || !b->counts) {
+    b->host_counts = calloc((size_t)b->E, sizeof *b->host_counts);
+    if (!b->bias || !b->counts || !b->host_counts) {
         pb_destroy(b);
         return k3rt_fail(err, K3RT_ERR_NOMEM, "proportional: out of memory");
     }
@@ -126,15 +130,14 @@ static int pb_bias(void *self, k3rt_tensor *out, k3rt_error *err)
 
 static int pb_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err)
 {
-    (void)s;
     proportional *b = self;
-    const int64_t shape[1] = {b->E};
-    K3RT_TRY(k3rt_tensor_expect(&r->counts, "proportional: routing counts", K3RT_I64, 1, shape,
-                                err));
-    if (!r->counts.data || r->counts.device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "proportional: routing counts must be on the "
-                         "host");
     const int64_t *c = r->counts.data;
+    if (b->device != K3RT_DEVICE_CPU) {
+        K3RT_TRY(k3rt_memcpy(s, b->host_counts, K3RT_DEVICE_CPU, c, b->device,
+                             (size_t)b->E * sizeof *b->host_counts, err));
+        K3RT_TRY(k3rt_stream_sync(s, err));
+        c = b->host_counts;
+    }
     for (int e = 0; e < b->E; e++)
         b->counts[e] += c[e];
     return K3RT_OK;

@@ -1,9 +1,11 @@
-/* sliding_window: descriptor, options, parameters, FLOP and memory counts, and the forward and
- * backward around the attention core (core.inc.c). See swa.h for the math.
+/* sliding_window: descriptor, options, parameters, FLOP and memory counts, its saved parts by
+ * class, and the forward and backward around the attention core (core.inc.c). See swa.h for
+ * the math.
  *
- * A third-party plugin: it includes only the SDK (<k3rt/k3rt.h>) and links libk3rt. The four
- * projections use the SDK's linear op (dtype-generic); the core is written once over a real
- * type and built for float (training) and double (finite-difference checks). */
+ * A third-party plugin: it includes only the SDK (<k3rt/k3rt.h>) and links libk3rt. The host
+ * checks every call's arguments against what the plugin declared, so the calls start with their
+ * math. The four projections use the SDK's linear op (dtype-generic); the core is written once
+ * over a real type and built for float (training) and double (finite-difference checks). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,13 +28,10 @@ enum { SWA_Q, SWA_K, SWA_V, SWA_O, SWA_N_PARAMS };
 static const char *const param_names[SWA_N_PARAMS] = {"q_proj.weight", "k_proj.weight",
                                                       "v_proj.weight", "o_proj.weight"};
 
+/* The host checked device and dtype against the caps (CPU, f32 or f64) and the options;
+ * what is left is the rule between options and d_model. */
 static int swa_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
-    if (a->device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "sliding_window runs on the CPU only");
-    if (a->dtype != K3RT_F32 && a->dtype != K3RT_F64)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "sliding_window computes in f32 or f64, "
-                         "not %s", k3rt_dtype_name(a->dtype));
     int64_t H = k3rt_cfg_int(a->config, "heads"), D = k3rt_cfg_int(a->config, "head_dim");
     if (D == 0) {
         if (a->d_model % H != 0)
@@ -106,7 +105,7 @@ swa_layout swa_layout_of(const swa *m, int64_t B, int64_t T)
     int64_t act = align64(B * T * m->H * m->D * es);
     l.L = m->window < T ? m->window : T;
     int64_t probs = align64(B * m->H * T * l.L * es);
-    l.q = 0, l.k = act, l.v = 2 * act, l.o = 3 * act, l.p = 4 * act, l.saved = 4 * act + probs;
+    l.act = act, l.probs = probs;
     l.dO = 0, l.dq = act, l.dk = 2 * act, l.dv = 3 * act, l.dp = 4 * act;
     l.workspace = 4 * act + probs;
     return l;
@@ -115,91 +114,79 @@ swa_layout swa_layout_of(const swa *m, int64_t B, int64_t T)
 static int swa_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 {
     swa_layout l = swa_layout_of(self, batch, seq);
-    out->saved_bytes = l.saved;        /* the forward needs it even when not training */
-    out->workspace_bytes = l.workspace;
+    out->workspace_bytes = l.workspace;  /* the saved parts come from swa_saved */
     out->state_bytes = 0;
     return K3RT_OK;
 }
 
-/* Shapes, dtypes and buffer sizes of a call; every failure names what is wrong. */
-static int check_call(const swa *m, k3rt_stream *s, int64_t B, int64_t T, const k3rt_tensor *x,
-                      const k3rt_tensor *out, const char *out_name, const k3rt_tensor *params,
-                      int32_t n_params, int64_t saved_bytes, int64_t ws_bytes, k3rt_error *err)
+/* The saved parts by class: every one is rebuilt by running the forward again on the same x,
+ * and o is read back only by a matrix product (dWo += dy^T o), so it may be stored in fp8. */
+static int swa_saved(void *self, int64_t batch, int64_t seq, k3rt_saved_sink *sink,
+                     k3rt_error *err)
 {
-    if (!s || k3rt_stream_device(s) != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "sliding_window: needs a CPU stream");
-    const int64_t act[3] = {B, T, m->d};
-    K3RT_TRY(k3rt_tensor_expect(x, "sliding_window: x", m->dtype, 3, act, err));
-    K3RT_TRY(k3rt_tensor_expect(out, out_name, m->dtype, 3, act, err));
-    if (n_params != SWA_N_PARAMS || !params)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "sliding_window: expects %d parameters, got %d",
-                         SWA_N_PARAMS, n_params);
-    for (int i = 0; i < SWA_N_PARAMS; i++) {
-        const int64_t w[2] = {i == SWA_O ? m->d : m->H * m->D, i == SWA_O ? m->H * m->D : m->d};
-        K3RT_TRY(k3rt_tensor_expect(&params[i], param_names[i], m->dtype, 2, w, err));
+    const swa *m = self;
+    swa_layout l = swa_layout_of(m, batch, seq);
+    double N = (double)batch * (double)seq, proj = 2 * N * (double)m->d * (double)(m->H * m->D);
+    double core = 4 * (double)batch * (double)m->H * (double)m->D * keys_seen(seq, m->window);
+    static const char *const names[SWA_N_SAVED] = {"q", "k", "v", "o", "probs"};
+    for (int i = 0; i < SWA_N_SAVED; i++) {
+        k3rt_saved_decl d;
+        memset(&d, 0, sizeof d);
+        d.struct_size = sizeof d;
+        d.name = names[i];
+        d.bytes = i == SWA_SAVED_P ? l.probs : l.act;
+        d.dtype = m->dtype;
+        d.flags = K3RT_SAVED_RECOMPUTE | (i == SWA_SAVED_O ? K3RT_SAVED_GEMM_ONLY : 0);
+        d.recompute_flops = i < SWA_SAVED_O ? proj : proj * 3 + core;
+        K3RT_TRY(k3rt_saved_sink_add(sink, &d, err));
     }
-    swa_layout l = swa_layout_of(m, B, T);
-    if (saved_bytes < l.saved || ws_bytes < l.workspace)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "sliding_window: B=%lld T=%lld needs %lld saved "
-                         "and %lld workspace bytes, got %lld and %lld", (long long)B,
-                         (long long)T, (long long)l.saved, (long long)l.workspace,
-                         (long long)saved_bytes, (long long)ws_bytes);
     return K3RT_OK;
 }
 
 static int swa_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 {
     const swa *m = self;
-    K3RT_TRY(check_call(m, a->stream, a->batch, a->seq, &a->x, &a->y, "sliding_window: y",
-                        a->params, a->n_params, a->saved_bytes, a->workspace_bytes, err));
-    swa_layout l = swa_layout_of(m, a->batch, a->seq);
-    char *sv = a->saved;
+    void *const *sv = a->saved;
     int64_t N = a->batch * a->seq, HD = m->H * m->D;
     const k3rt_tensor *P = a->params;
     for (int i = SWA_Q; i <= SWA_V; i++)  /* q, k, v = x W^T */
         K3RT_TRY(k3rt_linear_fwd(a->stream, m->dtype, a->x.data, P[i].data, NULL,
-                                 sv + (i == SWA_Q ? l.q : i == SWA_K ? l.k : l.v), N, m->d, HD,
-                                 err));
+                                 sv[SWA_SAVED_Q + i], N, m->d, HD, err));
     if (m->dtype == K3RT_F32)
-        K3RT_TRY(swa_core_fwd_f32(m, a->stream, a->batch, a->seq, (float *)(sv + l.q),
-                                  (float *)(sv + l.k), (float *)(sv + l.v), (float *)(sv + l.o),
-                                  (float *)(sv + l.p), err));
+        K3RT_TRY(swa_core_fwd_f32(m, a->stream, a->batch, a->seq, sv[SWA_SAVED_Q],
+                                  sv[SWA_SAVED_K], sv[SWA_SAVED_V], sv[SWA_SAVED_O],
+                                  sv[SWA_SAVED_P], err));
     else
-        K3RT_TRY(swa_core_fwd_f64(m, a->stream, a->batch, a->seq, (double *)(sv + l.q),
-                                  (double *)(sv + l.k), (double *)(sv + l.v),
-                                  (double *)(sv + l.o), (double *)(sv + l.p), err));
-    return k3rt_linear_fwd(a->stream, m->dtype, sv + l.o, P[SWA_O].data, NULL, a->y.data, N, HD,
-                           m->d, err);
+        K3RT_TRY(swa_core_fwd_f64(m, a->stream, a->batch, a->seq, sv[SWA_SAVED_Q],
+                                  sv[SWA_SAVED_K], sv[SWA_SAVED_V], sv[SWA_SAVED_O],
+                                  sv[SWA_SAVED_P], err));
+    return k3rt_linear_fwd(a->stream, m->dtype, sv[SWA_SAVED_O], P[SWA_O].data, NULL, a->y.data,
+                           N, HD, m->d, err);
 }
 
 static int swa_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
 {
     const swa *m = self;
-    K3RT_TRY(check_call(m, a->stream, a->batch, a->seq, &a->x, &a->dy, "sliding_window: dy",
-                        a->params, a->n_params, a->saved_bytes, a->workspace_bytes, err));
-    const int64_t act[3] = {a->batch, a->seq, m->d};
-    K3RT_TRY(k3rt_tensor_expect(&a->dx, "sliding_window: dx", m->dtype, 3, act, err));
-    if (!a->grads)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "sliding_window: no gradients given");
     swa_layout l = swa_layout_of(m, a->batch, a->seq);
-    char *sv = a->saved, *ws = a->workspace;
+    void *const *sv = a->saved;
+    char *ws = a->workspace;
     int64_t N = a->batch * a->seq, HD = m->H * m->D;
     const k3rt_tensor *P = a->params, *G = a->grads;
     /* do = dy Wo ; dWo += dy^T o */
-    K3RT_TRY(k3rt_linear_bwd(a->stream, m->dtype, sv + l.o, P[SWA_O].data, a->dy.data,
+    K3RT_TRY(k3rt_linear_bwd(a->stream, m->dtype, sv[SWA_SAVED_O], P[SWA_O].data, a->dy.data,
                              ws + l.dO, G[SWA_O].data, NULL, N, HD, m->d, 0, err));
     if (m->dtype == K3RT_F32)
-        K3RT_TRY(swa_core_bwd_f32(m, a->stream, a->batch, a->seq, (float *)(sv + l.q),
-                                  (float *)(sv + l.k), (float *)(sv + l.v), (float *)(sv + l.p),
+        K3RT_TRY(swa_core_bwd_f32(m, a->stream, a->batch, a->seq, sv[SWA_SAVED_Q],
+                                  sv[SWA_SAVED_K], sv[SWA_SAVED_V], sv[SWA_SAVED_P],
                                   (float *)(ws + l.dO), (float *)(ws + l.dq),
                                   (float *)(ws + l.dk), (float *)(ws + l.dv),
                                   (float *)(ws + l.dp), err));
     else
-        K3RT_TRY(swa_core_bwd_f64(m, a->stream, a->batch, a->seq, (double *)(sv + l.q),
-                                  (double *)(sv + l.k), (double *)(sv + l.v),
-                                  (double *)(sv + l.p), (double *)(ws + l.dO),
-                                  (double *)(ws + l.dq), (double *)(ws + l.dk),
-                                  (double *)(ws + l.dv), (double *)(ws + l.dp), err));
+        K3RT_TRY(swa_core_bwd_f64(m, a->stream, a->batch, a->seq, sv[SWA_SAVED_Q],
+                                  sv[SWA_SAVED_K], sv[SWA_SAVED_V], sv[SWA_SAVED_P],
+                                  (double *)(ws + l.dO), (double *)(ws + l.dq),
+                                  (double *)(ws + l.dk), (double *)(ws + l.dv),
+                                  (double *)(ws + l.dp), err));
     /* dx = dq Wq + dk Wk + dv Wv ; dW_i += d_i^T x */
     const int64_t d_of[3] = {l.dq, l.dk, l.dv};
     for (int i = SWA_Q; i <= SWA_V; i++)
@@ -215,6 +202,7 @@ static const k3rt_instance_vtable instance = {
     .declare_params = swa_declare,
     .flops = swa_flops,
     .memory = swa_memory,
+    .saved = swa_saved,
 };
 
 static const k3rt_attention_vtable attention = {

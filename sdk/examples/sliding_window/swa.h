@@ -7,8 +7,9 @@
  *     p_tu = softmax_u(scale * q_th . k_uh),  o_th = sum_u p_tu v_uh,   scale = 1/sqrt(D)
  *   y = o Wo^T                                     [N, d]
  *
- * Memory per call: `saved` holds q, k, v, o and the probabilities p [B, H, T, min(window, T)];
- * the workspace holds do, dq, dk, dv and a p-shaped scratch. Both are carved by swa_layout. */
+ * Memory per call: five saved parts, declared by class so the host's activation manager may
+ * move each (saved()): q, k, v and o [N, H*D] and the probabilities p [B, H, T, min(window, T)];
+ * the workspace holds do, dq, dk, dv and a p-shaped scratch, carved by swa_layout. */
 #ifndef SWA_H
 #define SWA_H
 
@@ -20,9 +21,12 @@ typedef struct swa {
     int dtype;
 } swa;
 
-/* Byte offsets of the buffers in `saved` and in the workspace for B x T tokens. */
+/* The saved parts, in the order the calls receive them (args->saved[i]). */
+enum { SWA_SAVED_Q, SWA_SAVED_K, SWA_SAVED_V, SWA_SAVED_O, SWA_SAVED_P, SWA_N_SAVED };
+
+/* Bytes of the saved parts and offsets in the workspace for B x T tokens. */
 typedef struct swa_layout {
-    int64_t q, k, v, o, p, saved;        /* saved */
+    int64_t act, probs;                  /* one [N, H*D] part; the p part */
     int64_t dO, dq, dk, dv, dp, workspace;  /* workspace */
     int64_t L;                           /* probabilities kept per query: min(window, T) */
 } swa_layout;

@@ -4,8 +4,9 @@
  * Before create() is called the host validates the recipe's table against that list — an
  * unknown key fails naming the nearest valid key, a wrong type or out-of-range value fails
  * naming key, expected and found — and fills in the defaults. create() therefore receives a
- * complete JSON object (Jansson) and reads it with the getters below, which cannot fail for a
- * declared option. Cross-option checks (e.g. "latent must divide ...") stay in create().
+ * complete configuration, an opaque k3rt_config, and reads it with the getters below, which
+ * cannot fail for a declared option. Cross-option checks (e.g. "latent must divide ...") stay
+ * in create().
  *
  * k3rt_option entries are read with the stride the descriptor states (option_size), so the
  * struct may grow at the end like every other ABI struct.
@@ -14,7 +15,6 @@
 #define K3RT_CONFIG_H
 
 #include <stdint.h>
-#include <jansson.h>
 #include "errors.h"
 
 #ifdef __cplusplus
@@ -45,22 +45,15 @@ typedef struct k3rt_option {
 
 #define K3RT_RANGE_ANY 1.0, 0.0  /* min > max: unbounded */
 
+/* A validated configuration (opaque; valid for the duration of create()). */
+typedef struct k3rt_config k3rt_config;
+
 /* Getters over a validated config. A key that was declared is always present. */
-K3RT_API int64_t k3rt_cfg_int(const json_t *cfg, const char *key);
-K3RT_API double k3rt_cfg_float(const json_t *cfg, const char *key);
-K3RT_API int k3rt_cfg_bool(const json_t *cfg, const char *key);
-K3RT_API const char *k3rt_cfg_string(const json_t *cfg, const char *key); /* NULL if null */
-K3RT_API int k3rt_cfg_is_null(const json_t *cfg, const char *key);
-
-/* Validates `cfg` in place against options (unknown keys, types, ranges, choices) and fills
- * defaults. `what` names the owner in messages ("model.ffn (latent_moe)"). */
-K3RT_API int k3rt_options_apply(const k3rt_option *options, uint32_t n_options,
-                                uint32_t option_size, json_t *cfg, const char *what,
-                                k3rt_error *err);
-
-/* Edit distance helper used for "did you mean" suggestions; returns the closest candidate or
- * NULL when none is close enough. */
-K3RT_API const char *k3rt_nearest(const char *word, const char *const *candidates, int n);
+K3RT_API int64_t k3rt_cfg_int(const k3rt_config *cfg, const char *key);
+K3RT_API double k3rt_cfg_float(const k3rt_config *cfg, const char *key);
+K3RT_API int k3rt_cfg_bool(const k3rt_config *cfg, const char *key);
+K3RT_API const char *k3rt_cfg_string(const k3rt_config *cfg, const char *key); /* NULL if none */
+K3RT_API int k3rt_cfg_is_null(const k3rt_config *cfg, const char *key);
 
 #ifdef __cplusplus
 }

@@ -8,12 +8,28 @@
  * provided"). Likewise every struct the host passes in starts with its struct_size, so a
  * plugin built against a newer minor can tell which fields exist.
  *
+ * Arguments are validated by the host. Before every call the host has checked, against the
+ * plugin's own declarations (declare_params, memory, saved, state_layout, experts), that the
+ * stream and every tensor are on the instance's device, that dtypes and shapes are the
+ * declared ones, that batch and seq are >= 1 and that saved and workspace hold what memory()
+ * asked for at this (batch, seq); it never calls a device or dtype outside the descriptor's
+ * caps. A plugin's functions therefore start with their math. What the host cannot know stays
+ * the plugin's to refuse, at create: rules between its own options ("latent must divide ...").
+ *
  * Memory: the engine owns parameters, gradients, saved activations and workspaces and passes
  * views; a plugin owns its instance (create/destroy) and any state it allocates (optimizer
- * moments, balancer bias) with k3rt_alloc on the run's device. Streams: every call receives
- * the stream it must enqueue on; CPU streams run inline. Threads: an instance is used by one
- * thread at a time (one instance per rank and layer); CPU plugins parallelise internally with
- * k3rt_parallel_for. Errors: return a k3rt_status and fill err; never abort or exit.
+ * moments, balancer bias) with k3rt_alloc on the run's device. Saved activations may be
+ * moved between forward and backward (offloaded, stored in fp8, recomputed): read them
+ * through the pointers of each call, never through pointers kept from an earlier one.
+ * Streams: every call receives the stream it must enqueue on; CPU streams run inline.
+ * Threads: an instance is used by one thread at a time (one instance per rank and layer); CPU
+ * plugins parallelise internally with k3rt_parallel_for. Errors: return a k3rt_status and
+ * fill err; never abort or exit.
+ *
+ * Devices: "on the device" means on the instance's device: host memory for a CPU instance,
+ * the GPU's memory for a CUDA one. Everything the host passes in, and everything a plugin
+ * reports (routing, statistics, state), lives there; the host reads what it needs once per
+ * step, so a GPU plugin never synchronises to hand over a number.
  *
  * Shapes: activations are [B, T, d] row-major; linear weights are [out, in].
  */
@@ -22,7 +38,6 @@
 
 #include <stdint.h>
 #include <stddef.h>
-#include <jansson.h>
 #include "errors.h"
 #include "tensor.h"
 #include "stream.h"
@@ -34,7 +49,7 @@
 extern "C" {
 #endif
 
-#define K3RT_ABI_MAJOR 1
+#define K3RT_ABI_MAJOR 2
 #define K3RT_ABI_MINOR 0
 
 /* ---- Kinds and capabilities ------------------------------------------------------------------ */
@@ -48,15 +63,15 @@ typedef enum k3rt_kind {
     K3RT_KIND_COUNT_ = 6
 } k3rt_kind;
 
+/* Properties of the implementation. What a plugin can do beyond its kind's required functions
+ * (recurrent state, context parallelism, decoding, an auxiliary loss, ...) is said by the
+ * presence of the optional function, never by a bit. */
 enum {
-    K3RT_CAP_CPU = 1u << 0,              /* has a CPU implementation (f32) */
-    K3RT_CAP_CUDA = 1u << 1,             /* has a CUDA implementation */
-    K3RT_CAP_F64 = 1u << 2,              /* CPU implementation also in double (tests) */
-    K3RT_CAP_DETERMINISTIC = 1u << 3,    /* bitwise reproducible given the same inputs */
-    K3RT_CAP_CONTEXT_PARALLEL = 1u << 4, /* attention: cp_summary / cp_compose */
-    K3RT_CAP_DECODE = 1u << 5,           /* attention: decode step */
-    K3RT_CAP_STATE = 1u << 6,            /* attention: recurrent state in/out */
-    K3RT_CAP_AUX_LOSS = 1u << 7          /* balancer: adds a loss term */
+    K3RT_CAP_CPU = 1u << 0,           /* a CPU implementation (f32) */
+    K3RT_CAP_CUDA = 1u << 1,          /* a CUDA implementation (f32 and bf16) */
+    K3RT_CAP_F64 = 1u << 2,           /* the CPU implementation also in double (tests) */
+    K3RT_CAP_DETERMINISTIC = 1u << 3, /* bitwise reproducible when asked (args->deterministic) */
+    K3RT_CAP_DOCUMENTS = 1u << 4      /* attention: honours doc_offsets (packed sequences) */
 };
 
 /* ---- Parameters -------------------------------------------------------------------------------- */
@@ -115,6 +130,7 @@ typedef struct k3rt_param_decl {
 
 typedef struct k3rt_param_sink k3rt_param_sink;
 typedef struct k3rt_tensor_sink k3rt_tensor_sink;
+typedef struct k3rt_saved_sink k3rt_saved_sink;
 
 /* Called from declare_params(); the decl is copied. */
 K3RT_API int k3rt_param_sink_add(k3rt_param_sink *sink, const k3rt_param_decl *decl,
@@ -124,10 +140,37 @@ K3RT_API int k3rt_param_sink_add(k3rt_param_sink *sink, const k3rt_param_decl *d
 enum { K3RT_STAT_LOCAL = -1 }; /* or a k3rt_reduce_op (SUM, MAX, MIN, AVG) */
 
 /* Called from state() and stats(): name is relative ("m", "counts"); the engine prefixes the
- * owner. For state() the tensor is the live storage: the host reads it to save and writes it
- * to load (then calls state_loaded). `reduce` is K3RT_STAT_LOCAL or a k3rt_reduce_op. */
+ * owner. The tensor is the live storage on the instance's device: for state() the host reads
+ * it to save and writes it to load (then calls state_loaded); for stats() it reads it when it
+ * needs the numbers. `reduce` is K3RT_STAT_LOCAL or a k3rt_reduce_op. */
 K3RT_API int k3rt_tensor_sink_add(k3rt_tensor_sink *sink, const char *name, k3rt_tensor t,
                                   int reduce, k3rt_error *err);
+
+/* ---- Saved activations ----------------------------------------------------------------------- */
+
+/* What the activation manager may do with a saved part, besides keeping it on the device or
+ * offloading it to host memory (always allowed). */
+enum {
+    K3RT_SAVED_GEMM_ONLY = 1u << 0,  /* read back only as a matrix-product operand: may be stored
+                                        in fp8 (dtype must then be a float dtype) */
+    K3RT_SAVED_RECOMPUTE = 1u << 1   /* rebuilt by running the forward again on the same x: may
+                                        be dropped, at the cost of recompute_flops */
+};
+
+/* One tensor kept from the forward for the backward. */
+typedef struct k3rt_saved_decl {
+    uint32_t struct_size;
+    uint32_t flags;            /* K3RT_SAVED_* */
+    const char *name;          /* "qkv", "states": for plans and messages */
+    int64_t bytes;
+    int32_t dtype;             /* element dtype, K3RT_DTYPE_INVALID for raw bytes */
+    int32_t reserved_;
+    double recompute_flops;    /* K3RT_SAVED_RECOMPUTE: FLOPs of rebuilding it */
+} k3rt_saved_decl;
+
+/* Called from saved(); the decl is copied. */
+K3RT_API int k3rt_saved_sink_add(k3rt_saved_sink *sink, const k3rt_saved_decl *decl,
+                                 k3rt_error *err);
 
 /* ---- Arguments shared by all kinds -------------------------------------------------------------- */
 
@@ -138,20 +181,22 @@ typedef struct k3rt_param_ref {
     const k3rt_param_decl *decl;
     k3rt_tensor param;             /* master weights (f32; f64 in tests) */
     k3rt_tensor grad;              /* same shape and dtype */
-    k3rt_tensor head_max_logit;    /* [heads] f32 host, for qk_clip params; ndim 0 otherwise */
+    k3rt_tensor head_max_logit;    /* [heads] f32 on the device, for qk_clip params (the
+                                      owner's "max_logit" statistic, reduced over the data-
+                                      parallel group); ndim 0 otherwise */
 } k3rt_param_ref;
 
 typedef struct k3rt_create_args {
     uint32_t struct_size;
     int32_t kind;
-    const json_t *config;          /* validated against the descriptor's options, defaults filled */
+    const k3rt_config *config;     /* validated against the descriptor's options, defaults filled */
     int32_t dtype;                 /* compute dtype of the run (K3RT_F32, K3RT_F64, K3RT_BF16) */
-    int32_t device;                /* K3RT_DEVICE_CPU or a CUDA ordinal */
-    int64_t d_model;
+    int32_t device;                /* K3RT_DEVICE_CPU or a CUDA ordinal; within the caps */
+    int64_t d_model;               /* >= 1 for attention, moe and residual plugins */
     int64_t vocab;
-    int32_t n_layers;
+    int32_t n_layers;              /* >= 1 for attention, moe and residual plugins */
     int32_t layer;                 /* attention/moe: this instance's layer; -1 model-level */
-    int32_t n_experts, top_k;      /* balancer: of the MoE layer it serves */
+    int32_t n_experts, top_k;      /* balancer: of the MoE layer it serves (1 <= top_k <= n) */
     const k3rt_param_ref *params;  /* optimizer: every parameter of the model */
     int32_t n_params;
     int32_t deterministic;
@@ -168,7 +213,8 @@ typedef struct k3rt_flops {
 
 typedef struct k3rt_memory {
     uint32_t struct_size;
-    int64_t saved_bytes;      /* activations kept from forward to backward, per call */
+    int64_t saved_bytes;      /* activations kept from forward to backward, per call, as one
+                                 raw part; ignored when the plugin declares saved() parts */
     int64_t workspace_bytes;  /* scratch during one call */
     int64_t state_bytes;      /* persistent non-parameter state (optimizer, balancer) */
 } k3rt_memory;
@@ -190,23 +236,48 @@ typedef struct k3rt_instance_vtable {
     /* Statistics accumulated since reset_stats (routing counts, max logits, depth weights). */
     int (*stats)(void *self, k3rt_tensor_sink *sink, k3rt_error *err);
     void (*reset_stats)(void *self);
+    /* Optional: the saved activations of one call at (batch, seq) as parts, in the order the
+     * calls receive them (args->saved[i]), so the activation manager can treat each by its
+     * class. Without it the saved activations are one raw part of memory().saved_bytes. */
+    int (*saved)(void *self, int64_t batch, int64_t seq, k3rt_saved_sink *sink,
+                 k3rt_error *err);
 } k3rt_instance_vtable;
 
 /* ---- Token mixers (attention) and FFNs (moe) ------------------------------------------------ */
 
+/* What an MoE forward reports, on the device; views stay valid until the backward (or the next
+ * forward). */
 typedef struct k3rt_routing {
     uint32_t struct_size;
     int64_t batch, seq;     /* tokens = batch * seq, in [B, T] order */
     int32_t experts, top_k;
     k3rt_tensor scores;     /* [tokens, experts] f32 router scores before the bias */
-    k3rt_tensor selected;   /* [tokens, top_k] i32 chosen experts */
-    k3rt_tensor counts;     /* [experts] i64, HOST: tokens routed to each expert */
-    k3rt_tensor bias;       /* [experts] f32: the selection bias that was used */
+    k3rt_tensor selected;   /* [tokens, top_k] i32 chosen experts, in slot order */
+    k3rt_tensor counts;     /* [experts] i64: tokens routed to each expert */
+    k3rt_tensor bias;       /* [experts] f32: the selection bias given (ndim 0: zero); the
+                               host fills it, and batch, seq, experts, top_k */
+    k3rt_tensor offsets;    /* optional [experts + 1] i64: rows of expert e in the expert-sorted
+                               order are offsets[e] .. offsets[e+1] (prefix sums of counts) */
 } k3rt_routing;
 
+/* Packed sequences. doc_offsets, when given (ndim 1), is i32 [n_docs + 1] on the device:
+ * document j covers the tokens [doc_offsets[j], doc_offsets[j+1]) of the flattened B * T order,
+ * doc_offsets[0] = 0, the last entry is B * T, the offsets increase, and every row start b * T
+ * is among them. A token mixer must not let information cross a boundary: state and short-conv
+ * windows restart there. The host passes it to attention plugins with K3RT_CAP_DOCUMENTS only
+ * (and refuses packed data for the others); FFNs are per token and ignore it.
+ *
+ * Context parallelism splits each sequence into spans, one per cp rank. A span that does not
+ * start its sequence is given what it needs of the spans before it, as its plugin's context()
+ * asks: x_prefix [B, prefix_rows, d], the layer inputs just before x (KDA's short-conv halo),
+ * and kv_prefix [B, T_before, kv_width], the latent KV of every earlier token of the sequence
+ * (MLA; each rank computes its own with kv_project and the engine gathers them). Both are ndim
+ * 0 for the span that starts the sequence, which then sees zeros / nothing before it. The
+ * backward returns their gradients in d_x_prefix and d_kv_prefix (overwritten), which the
+ * engine sends back to the ranks that own those rows. */
 typedef struct k3rt_fwd_args {
     uint32_t struct_size;
-    int32_t training;             /* 1: backward follows with the same saved buffer */
+    int32_t training;             /* 1: backward follows with the same saved parts */
     k3rt_stream *stream;
     int64_t batch, seq;
     k3rt_tensor x;                /* [B, T, d] */
@@ -214,43 +285,56 @@ typedef struct k3rt_fwd_args {
     const k3rt_tensor *params;    /* in declaration order */
     int32_t n_params;
     int32_t deterministic;
-    void *saved;                  /* memory().saved_bytes, kept until backward */
-    int64_t saved_bytes;
+    void *const *saved;           /* one pointer per saved part, in saved()'s order (or the one
+                                     part of memory().saved_bytes); given for every forward */
+    int32_t n_saved;
+    int32_t reserved_;
     void *workspace;
     int64_t workspace_bytes;
+    k3rt_tensor doc_offsets;      /* optional: packed sequences (above) */
     /* attention */
-    k3rt_tensor state_in;         /* optional initial recurrent state (K3RT_CAP_STATE) */
+    k3rt_tensor state_in;         /* optional initial recurrent state (state_layout) */
     k3rt_tensor state_out;        /* optional: receives the final state */
+    k3rt_tensor x_prefix;         /* context parallelism (above) */
+    k3rt_tensor kv_prefix;
     /* moe */
     k3rt_tensor bias;             /* [experts] f32 selection bias; ndim 0 means zero */
-    k3rt_routing *routing;        /* out: views valid until the backward (or the next forward) */
+    k3rt_routing *routing;        /* out: filled by routed MoEs when given */
 } k3rt_fwd_args;
 
 typedef struct k3rt_bwd_args {
     uint32_t struct_size;
+    int32_t reserved0_;
     k3rt_stream *stream;
     int64_t batch, seq;
     k3rt_tensor x;                /* the forward's input */
     k3rt_tensor dy;               /* [B, T, d] */
     k3rt_tensor dx;               /* [B, T, d], overwritten */
     const k3rt_tensor *params;
-    const k3rt_tensor *grads;     /* accumulate */
+    const k3rt_tensor *grads;     /* accumulate (f32 under bf16 compute) */
     int32_t n_params;
     int32_t deterministic;
-    void *saved;
-    int64_t saved_bytes;
+    void *const *saved;           /* as the forward wrote them (possibly moved since) */
+    int32_t n_saved;
+    int32_t reserved_;
     void *workspace;
     int64_t workspace_bytes;
+    k3rt_tensor doc_offsets;      /* as given to the forward */
     /* attention */
     k3rt_tensor state_in;         /* as given to the forward */
     k3rt_tensor d_state_out;      /* optional gradient arriving at the final state */
     k3rt_tensor d_state_in;       /* optional: receives the gradient of the initial state */
+    k3rt_tensor x_prefix;         /* as given to the forward */
+    k3rt_tensor kv_prefix;
+    k3rt_tensor d_x_prefix;       /* with x_prefix: receives its gradient */
+    k3rt_tensor d_kv_prefix;      /* with kv_prefix: receives its gradient */
     /* moe */
     k3rt_tensor d_scores;         /* optional [tokens, experts] f32 extra gradient of the router
                                      scores (a balancer's auxiliary loss) */
 } k3rt_bwd_args;
 
-/* Shapes (data NULL) of an attention plugin's recurrent state and context-parallel summary. */
+/* Shapes and dtypes (data NULL) of an attention plugin's recurrent state and context-parallel
+ * summary; the host places them on the instance's device. */
 typedef struct k3rt_state_layout {
     uint32_t struct_size;
     k3rt_tensor state;      /* e.g. KDA: [B, HV, dk, dv] */
@@ -258,36 +342,101 @@ typedef struct k3rt_state_layout {
     k3rt_tensor summary_b;  /* B, e.g. [B, HV, dk, dv] */
 } k3rt_state_layout;
 
+/* What a span needs of the spans before it under context parallelism (see k3rt_fwd_args). */
+typedef struct k3rt_context_needs {
+    uint32_t struct_size;
+    int32_t reserved_;
+    int64_t prefix_rows;    /* rows of x_prefix (KDA: conv_width - 1); 0: none */
+    int64_t kv_width;       /* width of kv_prefix rows (MLA: the latent KV); 0: none */
+} k3rt_context_needs;
+
 typedef struct k3rt_attention_vtable {
     uint32_t struct_size;
     int (*forward)(void *self, const k3rt_fwd_args *a, k3rt_error *err);
     int (*backward)(void *self, const k3rt_bwd_args *a, k3rt_error *err);
-    /* Optional (K3RT_CAP_STATE / CONTEXT_PARALLEL / DECODE). */
+    /* Optional: a recurrent state carried across calls (state_in / state_out). */
     int (*state_layout)(void *self, int64_t batch, k3rt_state_layout *out, k3rt_error *err);
-    /* Affine summary (m, b) of the span a->x: S_out = m S_in + b. */
+    /* Optional, with state_layout: context parallelism through affine state summaries.
+     * cp_summary gives (m, b) of the span a->x: S_out = m S_in + b. */
     int (*cp_summary)(void *self, const k3rt_fwd_args *a, k3rt_tensor m, k3rt_tensor b,
                       k3rt_error *err);
-    /* (m, b) = (m2, b2) after (m1, b1): m = m2 m1, b = m2 b1 + b2. */
+    /* (m, b) = (m2, b2) after (m1, b1): m = m2 m1, b = m2 b1 + b2; outputs may alias inputs. */
     int (*cp_compose)(void *self, k3rt_stream *s, k3rt_tensor m1, k3rt_tensor b1,
                       k3rt_tensor m2, k3rt_tensor b2, k3rt_tensor m, k3rt_tensor b,
                       k3rt_error *err);
-    /* One token per sequence: a->seq == 1; state_in -> state_out carries the cache. */
+    /* Optional: one token per sequence: a->seq == 1; state_in -> state_out carries the cache. */
     int (*decode)(void *self, const k3rt_fwd_args *a, k3rt_error *err);
+    /* Optional: what a span needs of earlier spans (x_prefix / kv_prefix). NULL: nothing but
+     * the state (or, without state_layout, the plugin cannot split a sequence). */
+    int (*context)(void *self, k3rt_context_needs *out);
+    /* Optional, when context() gives kv_width > 0: this span's latent KV [B, T, kv_width], which
+     * the engine gathers as the later spans' kv_prefix; and its backward: d_kv (the sum of what
+     * the later spans returned) accumulates into the gradients and is added into a->dx. */
+    int (*kv_project)(void *self, const k3rt_fwd_args *a, k3rt_tensor kv, k3rt_error *err);
+    int (*kv_project_backward)(void *self, const k3rt_bwd_args *a, k3rt_tensor d_kv,
+                               k3rt_error *err);
 } k3rt_attention_vtable;
 
+/* One call of an MoE's experts on the rows a rank holds (expert parallelism, below). */
+typedef struct k3rt_expert_args {
+    uint32_t struct_size;
+    int32_t training;
+    k3rt_stream *stream;
+    int64_t rows;                 /* rows on this rank, grouped by local expert */
+    int32_t first_expert;         /* this rank holds experts [first_expert, first_expert + n) */
+    int32_t n_experts;
+    k3rt_tensor offsets;          /* [n_experts + 1] i64 on the device: rows of local expert e */
+    k3rt_tensor in;               /* [rows, width]: the dispatched rows */
+    k3rt_tensor out;              /* [rows, width]: forward output, written */
+    k3rt_tensor d_out;            /* backward: gradient of out */
+    k3rt_tensor d_in;             /* backward: gradient of in, overwritten */
+    const k3rt_tensor *params;    /* as in forward; an EXPERT_MATRIX is the local slice
+                                     [n_experts, out, in] */
+    const k3rt_tensor *grads;
+    int32_t n_params;
+    int32_t deterministic;
+    void *const *saved;
+    int32_t n_saved;
+    int32_t reserved_;
+    void *workspace;
+    int64_t workspace_bytes;
+} k3rt_expert_args;
+
+/* Expert parallelism splits a routed MoE's forward where tokens leave for the ranks that hold
+ * their experts. The engine calls, in order:
+ *   dispatch(a, rows)        router, selection (a->routing) and the rows to send, [tokens *
+ *                            top_k, row_width] in (token, slot) order
+ *   (engine: sort by expert, all-to-all to the owning ranks)
+ *   expert_forward(e)        the local experts on the rows received, grouped by expert
+ *   (engine: all-to-all back, restore (token, slot) order)
+ *   combine(a, rows)         the experts' rows -> y: the weighted sum over slots, and whatever
+ *                            the plugin adds per token (shared experts, projections)
+ * and for the backward combine_backward (dy -> d rows), expert_backward, dispatch_backward
+ * (d rows -> dx). A plugin provides all seven functions or none; forward/backward remain the
+ * single-rank path and must equal the composition. */
 typedef struct k3rt_moe_vtable {
     uint32_t struct_size;
     int (*forward)(void *self, const k3rt_fwd_args *a, k3rt_error *err);
     int (*backward)(void *self, const k3rt_bwd_args *a, k3rt_error *err);
     /* Routed experts and top-k; 0 experts for a dense FFN (no balancer is attached). */
     int (*experts)(void *self, int32_t *n_experts, int32_t *top_k);
+    /* Optional, all or none: expert parallelism (above). */
+    int (*row_width)(void *self, int64_t *width);
+    int (*dispatch)(void *self, const k3rt_fwd_args *a, k3rt_tensor rows, k3rt_error *err);
+    int (*expert_forward)(void *self, const k3rt_expert_args *a, k3rt_error *err);
+    int (*combine)(void *self, const k3rt_fwd_args *a, k3rt_tensor rows, k3rt_error *err);
+    int (*combine_backward)(void *self, const k3rt_bwd_args *a, k3rt_tensor d_rows,
+                            k3rt_error *err);
+    int (*expert_backward)(void *self, const k3rt_expert_args *a, k3rt_error *err);
+    int (*dispatch_backward)(void *self, const k3rt_bwd_args *a, k3rt_tensor d_rows,
+                             k3rt_error *err);
 } k3rt_moe_vtable;
 
 /* ---- Balancers ------------------------------------------------------------------------------------ */
 
 typedef struct k3rt_balancer_vtable {
     uint32_t struct_size;
-    /* Current selection bias [experts] f32 on the run's device (a view of balancer state). */
+    /* Current selection bias [experts] f32 on the device (a view of balancer state). */
     int (*bias)(void *self, k3rt_tensor *out, k3rt_error *err);
     /* Accumulates one micro-batch's routing (training only). */
     int (*observe)(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err);
@@ -314,13 +463,18 @@ typedef struct k3rt_balancer_vtable {
  * sublayer s from explicit sources and the current partial sum.
  * mix_backward also receives `sublayer_input`, what mix(s) wrote in the forward (the engine
  * keeps it for the pre-norm's backward): a residual whose mixing is not linear in its sources
- * recovers what it read from it instead of keeping a copy per sublayer. A plugin reads the
- * field only when a->struct_size covers it. */
+ * recovers what it read from it instead of keeping a copy per sublayer.
+ *
+ * The pre-norm may be fused (optional, both or neither): mix_norm(s) does mix(s) into t and
+ * also writes normed = RMSNorm(t) * norm_gain (eps norm_eps) and its rstd; the engine then
+ * skips its own norm. mix_norm_backward(s) receives in t the gradient of `normed`, with
+ * sublayer_input and rstd of the forward: it accumulates norm_gain_grad and does what
+ * mix_backward does with the gradient of the sublayer input. */
 typedef struct k3rt_residual_args {
     uint32_t struct_size;
     k3rt_stream *stream;
     int64_t batch, seq;
-    int32_t sublayer;
+    int32_t sublayer;             /* 0 .. n_sublayers (n_sublayers: the output aggregation) */
     int32_t n_sublayers;
     k3rt_tensor t;                /* [B, T, d] the call's tensor (see above) */
     const k3rt_tensor *params;    /* all of the plugin's parameters, in declaration order */
@@ -328,20 +482,25 @@ typedef struct k3rt_residual_args {
     int32_t n_params;
     int32_t training;
     int32_t deterministic;
-    int32_t reserved_;
-    void *saved;                  /* memory().saved_bytes for the whole model's forward */
-    int64_t saved_bytes;
+    int32_t n_saved;
+    void *const *saved;           /* the whole model's forward, as memory() / saved() declared */
     void *workspace;
     int64_t workspace_bytes;
     /* op mode */
     const k3rt_tensor *sources;   /* [B, T, d] each */
     k3rt_tensor *d_sources;       /* op_backward: overwritten */
     int32_t n_sources;
-    int32_t reserved2_;
+    int32_t reserved_;
     k3rt_tensor partial;          /* [B, T, d]; ndim 0 when the op has no partial sum */
     k3rt_tensor d_partial;
-    /* mix_backward: the forward's mix(s) output [B, T, d]; ndim 0 when not given */
+    /* mix_backward and mix_norm_backward: the forward's mix(s) output [B, T, d] */
     k3rt_tensor sublayer_input;
+    /* mix_norm / mix_norm_backward */
+    k3rt_tensor norm_gain;        /* [d], compute dtype */
+    k3rt_tensor norm_gain_grad;   /* [d], f32 under bf16 compute; accumulate */
+    k3rt_tensor normed;           /* [B, T, d], written by mix_norm */
+    k3rt_tensor rstd;             /* [B * T], f32 under bf16 compute: written / read */
+    double norm_eps;
 } k3rt_residual_args;
 
 typedef struct k3rt_residual_vtable {
@@ -356,7 +515,9 @@ typedef struct k3rt_residual_vtable {
     int (*begin_backward)(void *self, const k3rt_residual_args *a, k3rt_error *err);
     int (*op_forward)(void *self, const k3rt_residual_args *a, k3rt_error *err);
     int (*op_backward)(void *self, const k3rt_residual_args *a, k3rt_error *err);
-    /* Statistics image: mean depth-attention weight per (sublayer, source); may be NULL. */
+    /* Optional, both or neither: the pre-norm fused (above). */
+    int (*mix_norm)(void *self, const k3rt_residual_args *a, k3rt_error *err);
+    int (*mix_norm_backward)(void *self, const k3rt_residual_args *a, k3rt_error *err);
 } k3rt_residual_vtable;
 
 /* ---- Optimizers ----------------------------------------------------------------------------------- */
@@ -365,7 +526,7 @@ typedef struct k3rt_optimizer_step {
     uint32_t struct_size;
     k3rt_stream *stream;
     k3rt_comm *comm;              /* data-parallel group; gradients are already averaged */
-    double lr;                    /* scheduled learning rate of this step */
+    double lr;                    /* scheduled learning rate of this step (finite, >= 0) */
     int64_t step;                 /* 1-based */
     const k3rt_param_ref *params; /* the same parameters, in the same order, as at create */
     int32_t n_params;
