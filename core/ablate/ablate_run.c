@@ -126,7 +126,7 @@ int ablate_run_all(ablate_ctx *c, k3rt_error *err)
     exe[len] = '\0';
     int jobs = c->o->jobs > 0 ? c->o->jobs : 1;
     /* Concurrent CPU runs share the cores instead of each taking all of them. */
-    int threads = jobs > 1 ? cpu_default_threads() / jobs : 0;
+    int threads = jobs > 1 ? k3rt_cpu_threads() / jobs : 0;
     threads = jobs > 1 && threads < 1 ? 1 : threads;
     json_t **args = calloc((size_t)c->n, sizeof *args);
     slot *slots = calloc((size_t)jobs, sizeof *slots);

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <k3rt/errors.h>
+#include <k3rt/host.h>
 #include <k3rt/stream.h>
 
 struct k3rt_stream {
@@ -45,10 +46,7 @@ int cuda_memcpy(void *stream, void *dst, int dst_device, const void *src, int sr
                 size_t bytes, k3rt_error *err);
 int cuda_memset(void *stream, void *dst, int value, size_t bytes, k3rt_error *err);
 
-/* CPU thread budget: the default for new CPU streams (all cores unless set). */
-int cpu_default_threads(void);
-void cpu_set_default_threads(int threads);
-/* A process-wide single-threaded CPU stream for small host-side work (init, conversions). */
-k3rt_stream *cpu_host_stream(void);
+/* The CPU thread budget and the host stream are k3rt/host.h's k3rt_cpu_threads,
+ * k3rt_set_cpu_threads and k3rt_host_stream. */
 
 #endif

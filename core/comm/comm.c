@@ -98,34 +98,3 @@ int k3rt_barrier(k3rt_comm *c, k3rt_stream *s, k3rt_error *err)
     K3RT_TRY(check(c, 0, K3RT_U8, "barrier", err));
     return c->ops->barrier(c, err);
 }
-
-#define REDUCE_LOOP(T)                                                       \
-    do {                                                                     \
-        T *a = acc;                                                          \
-        const T *b = src;                                                    \
-        for (int64_t i = 0; i < count; i++) {                                \
-            if (op == K3RT_REDUCE_MAX)                                       \
-                a[i] = b[i] > a[i] ? b[i] : a[i];                            \
-            else if (op == K3RT_REDUCE_MIN)                                  \
-                a[i] = b[i] < a[i] ? b[i] : a[i];                            \
-            else                                                             \
-                a[i] += b[i];                                                \
-        }                                                                    \
-    } while (0)
-
-int comm_reduce_into(void *acc, const void *src, int64_t count, int dtype, int op,
-                     k3rt_error *err)
-{
-    if (op < K3RT_REDUCE_SUM || op > K3RT_REDUCE_AVG)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "reduce: unknown op %d", op);
-    switch (dtype) {
-    case K3RT_F32: REDUCE_LOOP(float); break;
-    case K3RT_F64: REDUCE_LOOP(double); break;
-    case K3RT_I32: REDUCE_LOOP(int32_t); break;
-    case K3RT_I64: REDUCE_LOOP(int64_t); break;
-    default:
-        return k3rt_fail(err, K3RT_ERR_INVALID, "reduce: dtype %s is not supported by the "
-                         "local backend", k3rt_dtype_name(dtype));
-    }
-    return K3RT_OK;
-}

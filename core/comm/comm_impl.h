@@ -3,7 +3,7 @@
 #ifndef K3RT_COMM_IMPL_H
 #define K3RT_COMM_IMPL_H
 
-#include <k3rt/comm.h>
+#include <k3rt/host.h>
 
 typedef struct comm_ops {
     const char *name;
@@ -39,9 +39,5 @@ int comm_local_create(int size, k3rt_comm ***comms, k3rt_error *err);
 void comm_local_destroy(k3rt_comm **comms, int size);
 /* Breaks every current and future collective of c's world with an error (a rank failed). */
 void comm_local_abort(k3rt_comm *c);
-
-/* Reduction of `count` elements of src into acc (acc op= src), shared by backends. */
-int comm_reduce_into(void *acc, const void *src, int64_t count, int dtype, int op,
-                     k3rt_error *err);
 
 #endif

@@ -4,6 +4,7 @@
 #ifndef K3RT_OPS_DISPATCH_H
 #define K3RT_OPS_DISPATCH_H
 
+#include <k3rt/host.h>
 #include <k3rt/ops.h>
 #include "ops/cpu_ops.h"
 #ifdef K3RT_HAVE_CUDA
@@ -11,10 +12,6 @@
 #endif
 
 int ops_no_cuda_kernel(k3rt_error *err, const char *op);
-/* The first out-of-range token a CUDA kernel on s's device met since the last call, as an
- * error naming op, position and value (synchronises the device); K3RT_OK on the CPU, whose
- * kernels report such tokens at once. The trainer calls it once a step. */
-int ops_take_index_error(k3rt_stream *s, k3rt_error *err);
 int ops_bad_dtype(k3rt_error *err, const char *op, int dtype);
 
 /* Returns CUDA_EXPR (a cuda_* call) when s is a CUDA stream; the expression is not compiled

@@ -1,7 +1,7 @@
 /* The shared ops' public entry points (k3rt/ops.h): argument checks and dispatch. */
 #include "ops/dispatch.h"
 
-int ops_take_index_error(k3rt_stream *s, k3rt_error *err)
+int k3rt_stream_index_error(k3rt_stream *s, k3rt_error *err)
 {
     if (k3rt_stream_device(s) == K3RT_DEVICE_CPU)
         return K3RT_OK;

@@ -161,7 +161,7 @@ int plan_compute(const plan_options *o, plan_report *r, k3rt_error *err)
         memset(&mo, 0, sizeof mo);
         mo.dtype = K3RT_F32;
         mo.device = K3RT_DEVICE_CPU;
-        mo.stream = cpu_host_stream();
+        mo.stream = k3rt_host_stream();
         mo.seed = (uint64_t)get_int(json_object_get(doc, "train"), "seed");
         rc = model_declare(&m, json_object_get(doc, "model"), &reg, &mo, err);
         declared = !rc;

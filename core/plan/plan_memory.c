@@ -69,7 +69,7 @@ static int probe_state(const model *m, const plugin_entry *e, const json_t *spec
     a.layer = -1;
     a.params = &ref;
     a.n_params = 1;
-    a.stream = cpu_host_stream();
+    a.stream = k3rt_host_stream();
     rig opt;
     int rc = rig_create(&opt, e, json_object_get(spec, "config"), &a, "optimizer", err);
     k3rt_memory mem;

@@ -4,6 +4,7 @@
 #ifndef K3RT_PLUGIN_REGISTRY_H
 #define K3RT_PLUGIN_REGISTRY_H
 
+#include <k3rt/host.h>
 #include <k3rt/plugin.h>
 
 #include "plugin/options.h"

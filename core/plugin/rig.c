@@ -202,7 +202,7 @@ int param_init_values(const k3rt_param_decl *d, k3rt_tensor t, uint64_t seed,
     k3rt_rng rng;
     k3rt_rng_seed(&rng, seed, k3rt_hash_string(full_name));
     int64_t n = k3rt_tensor_numel(&t);
-    k3rt_stream *cpu = cpu_host_stream();
+    k3rt_stream *cpu = k3rt_host_stream();
     switch (d->init) {
     case K3RT_INIT_ZEROS: return k3rt_fill(cpu, t.dtype, t.data, n, 0.0, err);
     case K3RT_INIT_ONES: return k3rt_fill(cpu, t.dtype, t.data, n, 1.0, err);

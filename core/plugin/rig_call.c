@@ -1,30 +1,39 @@
 /* The instance rig: the checked calls of token mixers and FFNs (rig.h). */
 #include "plugin/rig.h"
 
+#include <stdio.h>
 #include <string.h>
+
+/* "[2, *, 16]": a wanted shape, wildcards (< 0) as '*'. */
+static const char *want_str(int ndim, const int64_t *shape, char *buf, size_t len)
+{
+    size_t at = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < ndim && at < len; i++)
+        at += shape[i] < 0 ? (size_t)snprintf(buf + at, len - at, i ? ", *" : "*")
+                           : (size_t)snprintf(buf + at, len - at, i ? ", %lld" : "%lld",
+                                              (long long)shape[i]);
+    if (at < len)
+        snprintf(buf + at, len - at, "]");
+    return buf;
+}
 
 int rig_expect(const rig *r, const k3rt_tensor *t, const char *what, int dtype, int ndim,
                const int64_t *shape, k3rt_error *err)
 {
     char have[96], want[96], dev[32], tdev[32];
-    k3rt_tensor w = k3rt_tensor_view(NULL, dtype, r->device, ndim, ndim > 0 ? shape[0] : 0,
-                                     ndim > 1 ? shape[1] : 0, ndim > 2 ? shape[2] : 0,
-                                     ndim > 3 ? shape[3] : 0);
     int ok = t->ndim == ndim && t->dtype == dtype && t->device == r->device && t->data;
     for (int i = 0; ok && i < ndim; i++)
         ok = shape[i] < 0 || t->shape[i] == shape[i];
     if (ok)
         return K3RT_OK;
+    want_str(ndim, shape, want, sizeof want);
+    k3rt_device_str(r->device, dev, sizeof dev);
     if (t->ndim == 0 || !t->data)
         return k3rt_fail(err, K3RT_ERR_INVALID, "%s: %s is missing (expected %s %s on %s)",
-                         r->where, what, k3rt_dtype_name(dtype),
-                         k3rt_tensor_shape_str(&w, want, sizeof want),
-                         k3rt_device_str(r->device, dev, sizeof dev));
+                         r->where, what, k3rt_dtype_name(dtype), want, dev);
     return k3rt_fail(err, K3RT_ERR_INVALID, "%s: %s: expected %s %s on %s, got %s %s on %s",
-                     r->where, what, k3rt_dtype_name(dtype),
-                     k3rt_tensor_shape_str(&w, want, sizeof want),
-                     k3rt_device_str(r->device, dev, sizeof dev), k3rt_dtype_name(t->dtype),
-                     k3rt_tensor_shape_str(t, have, sizeof have),
+                     r->where, what, k3rt_dtype_name(dtype), want, dev,
+                     k3rt_dtype_name(t->dtype), k3rt_tensor_shape_str(t, have, sizeof have),
                      k3rt_device_str(t->device, tdev, sizeof tdev));
 }
 
@@ -152,10 +161,16 @@ static int check_fwd(rig *r, const k3rt_fwd_args *a, const char *call, int need_
     }
     K3RT_TRY(expect_docs(r, &a->doc_offsets, err));
     if (r->kind == K3RT_KIND_ATTENTION) {
+        if (a->bias.ndim || a->routing)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "%s: a selection bias or routing given to "
+                             "a token mixer", r->where);
         K3RT_TRY(expect_state(r, &a->state_in, "state_in", err));
         K3RT_TRY(expect_state(r, &a->state_out, "state_out", err));
         return expect_prefixes(r, &a->x_prefix, &a->kv_prefix, err);
     }
+    if (a->state_in.ndim || a->state_out.ndim || a->x_prefix.ndim || a->kv_prefix.ndim)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: a recurrent state or context prefix given "
+                         "to an FFN", r->where);
     const int64_t e[1] = {r->experts};
     if (a->bias.ndim && !r->experts)
         return k3rt_fail(err, K3RT_ERR_INVALID, "%s: a selection bias given to a dense FFN",

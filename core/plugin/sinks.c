@@ -57,12 +57,6 @@ int k3rt_param_sink_add(k3rt_param_sink *sink, const k3rt_param_decl *decl, k3rt
     return K3RT_OK;
 }
 
-void param_sink_free(k3rt_param_sink *sink)
-{
-    free(sink->items);
-    memset(sink, 0, sizeof *sink);
-}
-
 int k3rt_tensor_sink_add(k3rt_tensor_sink *sink, const char *name, k3rt_tensor t, int reduce,
                          k3rt_error *err)
 {
@@ -81,12 +75,6 @@ int k3rt_tensor_sink_add(k3rt_tensor_sink *sink, const char *name, k3rt_tensor t
     it->t = t;
     it->reduce = reduce;
     return K3RT_OK;
-}
-
-void tensor_sink_free(k3rt_tensor_sink *sink)
-{
-    free(sink->items);
-    memset(sink, 0, sizeof *sink);
 }
 
 int k3rt_saved_sink_add(k3rt_saved_sink *sink, const k3rt_saved_decl *decl, k3rt_error *err)
@@ -124,8 +112,3 @@ int k3rt_saved_sink_add(k3rt_saved_sink *sink, const k3rt_saved_decl *decl, k3rt
     return K3RT_OK;
 }
 
-void saved_sink_free(k3rt_saved_sink *sink)
-{
-    free(sink->items);
-    memset(sink, 0, sizeof *sink);
-}

@@ -3,6 +3,8 @@
 #define K3RT_PLUGIN_SINKS_H
 
 #include <k3rt/plugin.h>
+#include <stdlib.h>
+#include <string.h>
 
 typedef struct param_sink_item {
     k3rt_param_decl decl;  /* decl.name points at name below */
@@ -35,8 +37,24 @@ struct k3rt_saved_sink {
     int n, cap;
 };
 
-void param_sink_free(k3rt_param_sink *sink);
-void tensor_sink_free(k3rt_tensor_sink *sink);
-void saved_sink_free(k3rt_saved_sink *sink);
+/* Their storage, freed by the host that collected them (the add functions are the runtime's,
+ * which plugins call; the sinks themselves belong to the engine). */
+static inline void param_sink_free(k3rt_param_sink *sink)
+{
+    free(sink->items);
+    memset(sink, 0, sizeof *sink);
+}
+
+static inline void tensor_sink_free(k3rt_tensor_sink *sink)
+{
+    free(sink->items);
+    memset(sink, 0, sizeof *sink);
+}
+
+static inline void saved_sink_free(k3rt_saved_sink *sink)
+{
+    free(sink->items);
+    memset(sink, 0, sizeof *sink);
+}
 
 #endif

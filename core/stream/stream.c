@@ -1,6 +1,8 @@
-/* Streams, events and device memory (k3rt/stream.h), dispatched to the CPU or CUDA backend. */
+/* Streams, events, device memory and device facts (k3rt/stream.h, k3rt/host.h), dispatched
+ * to the CPU or CUDA backend. */
 #include "backend/backend.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,7 +15,7 @@ int k3rt_stream_create(int device, int role, k3rt_stream **out, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "cannot allocate a stream");
     s->device = device;
     s->role = role;
-    s->threads = cpu_default_threads();
+    s->threads = k3rt_cpu_threads();
     if (!is_cpu(device)) {
         int rc = cuda_stream_create(device, &s->native, err);
         if (rc) {
@@ -141,3 +143,24 @@ int k3rt_memset(k3rt_stream *s, void *dst, int device, int value, size_t bytes, 
 }
 
 int k3rt_cuda_device_count(void) { return cuda_backend_device_count(); }
+
+int k3rt_device_name(int device, char *buf, size_t len, k3rt_error *err)
+{
+    if (is_cpu(device)) {
+        snprintf(buf, len, "cpu");
+        return K3RT_OK;
+    }
+    return cuda_device_name(device, buf, len, err);
+}
+
+void k3rt_device_memory_stats(int device, k3rt_device_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!is_cpu(device))
+        cuda_cache_stats(device, &out->in_use, &out->cached);
+}
+
+int k3rt_device_cache_release(int device, k3rt_error *err)
+{
+    return is_cpu(device) ? K3RT_OK : cuda_cache_release(device, err);
+}

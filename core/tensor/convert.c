@@ -1,4 +1,5 @@
 /* Scalar and buffer conversions between float formats (k3rt/tensor.h). */
+#include <k3rt/host.h>
 #include <k3rt/tensor.h>
 
 #include <math.h>

@@ -87,33 +87,3 @@ const char *k3rt_tensor_shape_str(const k3rt_tensor *t, char *buf, size_t len)
         snprintf(buf + at, len - at, "]");
     return buf;
 }
-
-int k3rt_tensor_expect(const k3rt_tensor *t, const char *what, int dtype, int ndim,
-                       const int64_t *shape, k3rt_error *err)
-{
-    char got[96];
-    if (!k3rt_tensor_present(t))
-        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: missing tensor", what);
-    if (dtype && t->dtype != dtype)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: expected dtype %s, got %s", what,
-                         k3rt_dtype_name(dtype), k3rt_dtype_name(t->dtype));
-    int bad = t->ndim != ndim;
-    for (int i = 0; !bad && shape && i < ndim; i++)
-        bad = shape[i] >= 0 && t->shape[i] != shape[i];
-    if (bad) {
-        char want[96];
-        size_t at = (size_t)snprintf(want, sizeof want, "[");
-        for (int i = 0; i < ndim && at < sizeof want; i++) {
-            if (shape && shape[i] >= 0)
-                at += (size_t)snprintf(want + at, sizeof want - at, i ? ", %lld" : "%lld",
-                                       (long long)shape[i]);
-            else
-                at += (size_t)snprintf(want + at, sizeof want - at, i ? ", *" : "*");
-        }
-        if (at < sizeof want)
-            snprintf(want + at, sizeof want - at, "]");
-        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: expected shape %s, got %s", what, want,
-                         k3rt_tensor_shape_str(t, got, sizeof got));
-    }
-    return K3RT_OK;
-}

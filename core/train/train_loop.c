@@ -101,7 +101,7 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
     K3RT_TRY(k3rt_sum_squares(c->stream, m->master_dtype, m->grad_buf, m->total_numel, &ss, err));
     /* CUDA kernels record an out-of-range token instead of trapping; the gradient norm has
      * just synchronised the stream, so reading the flag here costs nothing. */
-    K3RT_TRY(ops_take_index_error(c->stream, err));
+    K3RT_TRY(k3rt_stream_index_error(c->stream, err));
     o->loss = sums[0];
     o->aux = sums[1];
     o->gnorm = sqrt(ss);

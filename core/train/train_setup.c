@@ -44,7 +44,7 @@ static int check_plan(run *r, const json_t *plan, k3rt_error *err)
                          "must be >= 1");
     int threads = (int)get_int(plan, "threads");
     if (threads <= 0)
-        threads = cpu_default_threads();
+        threads = k3rt_cpu_threads();
     r->threads_per_rank = threads / r->dp > 0 ? threads / r->dp : 1;
     return K3RT_OK;
 }
@@ -98,7 +98,7 @@ static int choose_device(run *r, const json_t *plan, k3rt_error *err)
     int cuda = r->device != K3RT_DEVICE_CPU;
     snprintf(r->device_name, sizeof r->device_name, "cpu");
     if (cuda)
-        K3RT_TRY(cuda_device_name(r->device, r->device_name, sizeof r->device_name, err));
+        K3RT_TRY(k3rt_device_name(r->device, r->device_name, sizeof r->device_name, err));
     r->peak_flops = get_num(plan, "peak_tflops") > 0 ? get_num(plan, "peak_tflops") * 1e12
                     : cuda ? device_peak_flops(r->device_name) : 0;
     if (!dtype || !strcmp(dtype, "auto"))

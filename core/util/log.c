@@ -1,15 +1,15 @@
-/* Console output (log.h). */
+/* Console output (k3rt/host.h; the core reaches it through util/log.h). */
 #define _POSIX_C_SOURCE 200809L
-#include "util/log.h"
+#include <k3rt/host.h>
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
 
-static int g_level = LOG_INFO;
+static int g_level = K3RT_LOG_INFO;
 
-void log_set_level(int level) { g_level = level; }
-int log_level(void) { return g_level; }
+void k3rt_log_set_level(int level) { g_level = level; }
+int k3rt_log_level(void) { return g_level; }
 
 static void vlog(FILE *to, const char *prefix, const char *fmt, va_list ap)
 {
@@ -19,9 +19,9 @@ static void vlog(FILE *to, const char *prefix, const char *fmt, va_list ap)
     fflush(to);
 }
 
-void log_info(const char *fmt, ...)
+void k3rt_log_info(const char *fmt, ...)
 {
-    if (g_level < LOG_INFO)
+    if (g_level < K3RT_LOG_INFO)
         return;
     va_list ap;
     va_start(ap, fmt);
@@ -29,9 +29,9 @@ void log_info(const char *fmt, ...)
     va_end(ap);
 }
 
-void log_debug(const char *fmt, ...)
+void k3rt_log_debug(const char *fmt, ...)
 {
-    if (g_level < LOG_DEBUG)
+    if (g_level < K3RT_LOG_DEBUG)
         return;
     va_list ap;
     va_start(ap, fmt);
@@ -39,7 +39,7 @@ void log_debug(const char *fmt, ...)
     va_end(ap);
 }
 
-void log_warn(const char *fmt, ...)
+void k3rt_log_warn(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -47,7 +47,7 @@ void log_warn(const char *fmt, ...)
     va_end(ap);
 }
 
-double time_now(void)
+double k3rt_time_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <stddef.h>
 
+#include <k3rt/host.h>
 #include <k3rt/k3rt.h>
 
 /* The program name that prefixes fatal messages. */

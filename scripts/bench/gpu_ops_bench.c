@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <k3rt/host.h>
 #include <k3rt/k3rt.h>
 
 #include "cuda_bench.h"

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <k3rt/host.h>
 #include "plugin/options.h"
 
 #include "plugin.c"

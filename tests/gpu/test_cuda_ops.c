@@ -11,10 +11,6 @@
 #include <string.h>
 
 #include "testutil/testutil.h"
-#include "backend/backend.h"
-#ifdef K3RT_HAVE_CUDA
-#include "ops/cuda_ops.h"
-#endif
 
 static k3rt_stream *G;  /* CUDA stream on device 0 */
 static k3rt_stream *H;  /* CPU stream of the reference */
@@ -426,14 +422,14 @@ START_TEST(bad_index_is_reported)
     int32_t tok[5] = {1, 2, 3, 60, 4};
     int32_t *dtok = dev_i32(tok, 5);
     darr table = rnd(K3RT_F32, 50 * 8, 1.0), out = poisoned(K3RT_F32, 5 * 8);
-    TU_OK(cuda_ops_take_index_error(0, &err), err); /* nothing pending from earlier tests */
+    TU_OK(k3rt_stream_index_error(G, &err), err); /* nothing pending from earlier tests */
     TU_OK(k3rt_embedding_fwd(G, K3RT_F32, table.dev, dtok, out.dev, 5, 50, 8, &err), err);
-    int rc = cuda_ops_take_index_error(0, &err);
+    int rc = k3rt_stream_index_error(G, &err);
     ck_assert_int_eq(rc, K3RT_ERR_INVALID);
     ck_assert_msg(strstr(err.msg, "token 60 at position 3"), "message: %s", err.msg);
     double *x = download(&out);
     ck_assert(isnan(x[3 * 8]) && isfinite(x[4 * 8]));
-    TU_OK(cuda_ops_take_index_error(0, &err), err); /* cleared */
+    TU_OK(k3rt_stream_index_error(G, &err), err); /* cleared */
     free(x);
     k3rt_free(0, dtok);
     drop(&table), drop(&out);
@@ -753,19 +749,26 @@ END_TEST
 
 /* ---- memory ---------------------------------------------------------------------------------- */
 
+static void mem_stats(size_t *in_use, size_t *cached)
+{
+    k3rt_device_memory m;
+    k3rt_device_memory_stats(0, &m);
+    *in_use = m.in_use, *cached = m.cached;
+}
+
 START_TEST(allocator_reuses_and_releases)
 {
     k3rt_error err = {0};
     size_t u0, c0, u, c;
-    TU_OK(cuda_cache_release(0, &err), err);
-    cuda_cache_stats(0, &u0, &c0);
+    TU_OK(k3rt_device_cache_release(0, &err), err);
+    mem_stats(&u0, &c0);
     ck_assert_uint_eq(c0, 0);
     void *p = k3rt_alloc(0, 1000, &err);
     ck_assert_msg(p != NULL, "%s", err.msg);
-    cuda_cache_stats(0, &u, &c);
+    mem_stats(&u, &c);
     ck_assert_uint_eq(u, u0 + 1024);
     k3rt_free(0, p);
-    cuda_cache_stats(0, &u, &c);
+    mem_stats(&u, &c);
     ck_assert_uint_eq(u, u0);
     ck_assert_uint_eq(c, 1024);
     void *q = k3rt_alloc(0, 900, &err); /* same size class: the cached block */
@@ -785,10 +788,10 @@ START_TEST(allocator_reuses_and_releases)
     void *b2 = k3rt_alloc(0, (3u << 20) + 300000, &err);
     ck_assert_ptr_eq(b1, b2);
     k3rt_free(0, b2);
-    cuda_cache_stats(0, &u, &c);
+    mem_stats(&u, &c);
     ck_assert_uint_gt(c, 3u << 20);
-    TU_OK(cuda_cache_release(0, &err), err);
-    cuda_cache_stats(0, &u, &c);
+    TU_OK(k3rt_device_cache_release(0, &err), err);
+    mem_stats(&u, &c);
     ck_assert_uint_eq(c, 0);
     ck_assert_uint_eq(u, u0);
     void *r = k3rt_alloc(0, big, &err);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <k3rt/host.h>
 #include <k3rt/k3rt.h>
 
 #include "plugin/registry.h"

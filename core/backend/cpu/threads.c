@@ -7,7 +7,7 @@
 
 static int g_default_threads = 0;
 
-int cpu_default_threads(void)
+int k3rt_cpu_threads(void)
 {
     if (g_default_threads <= 0) {
         const char *env = getenv("K3RT_THREADS");
@@ -19,9 +19,9 @@ int cpu_default_threads(void)
     return g_default_threads;
 }
 
-void cpu_set_default_threads(int threads) { g_default_threads = threads > 0 ? threads : 1; }
+void k3rt_set_cpu_threads(int threads) { g_default_threads = threads > 0 ? threads : 1; }
 
-k3rt_stream *cpu_host_stream(void)
+k3rt_stream *k3rt_host_stream(void)
 {
     static k3rt_stream host = {K3RT_DEVICE_CPU, K3RT_STREAM_COMPUTE, 1, NULL};
     return &host;

@@ -1,9 +1,10 @@
-/* k3rt/stream.h — ordered queues of device work, events and device memory.
+/* k3rt/stream.h — ordered queues of device work, and device memory.
  *
  * A stream belongs to one device. On the CPU work runs inline when it is enqueued (a CPU
- * stream is just the device tag plus a thread budget); on CUDA a stream wraps a cudaStream_t
- * and events order work across the compute, copy and communication streams. No CUDA type
- * crosses this header: the native handle is an opaque pointer.
+ * stream is just the device tag plus a thread budget); on CUDA a stream wraps a cudaStream_t.
+ * The host creates streams and orders them with events (k3rt/host.h); a plugin enqueues on the
+ * stream of each call. No CUDA type crosses this header: the native handle is an opaque
+ * pointer.
  */
 #ifndef K3RT_STREAM_H
 #define K3RT_STREAM_H
@@ -18,28 +19,13 @@ extern "C" {
 #endif
 
 typedef struct k3rt_stream k3rt_stream;
-typedef struct k3rt_event k3rt_event;
 
-typedef enum k3rt_stream_role {
-    K3RT_STREAM_COMPUTE = 0,
-    K3RT_STREAM_COPY = 1,
-    K3RT_STREAM_COMM = 2
-} k3rt_stream_role;
-
-K3RT_API int k3rt_stream_create(int device, int role, k3rt_stream **out, k3rt_error *err);
-K3RT_API void k3rt_stream_destroy(k3rt_stream *s);
 K3RT_API int k3rt_stream_device(const k3rt_stream *s);
 K3RT_API int k3rt_stream_sync(k3rt_stream *s, k3rt_error *err);
 /* cudaStream_t for CUDA streams, NULL on the CPU. */
 K3RT_API void *k3rt_stream_native(const k3rt_stream *s);
 /* Threads CPU work on this stream may use (>= 1). */
 K3RT_API int k3rt_stream_threads(const k3rt_stream *s);
-K3RT_API void k3rt_stream_set_threads(k3rt_stream *s, int threads);
-
-K3RT_API int k3rt_event_create(int device, k3rt_event **out, k3rt_error *err);
-K3RT_API void k3rt_event_destroy(k3rt_event *e);
-K3RT_API int k3rt_event_record(k3rt_event *e, k3rt_stream *s, k3rt_error *err);
-K3RT_API int k3rt_stream_wait(k3rt_stream *s, k3rt_event *e, k3rt_error *err);
 
 /* Device memory. CUDA memory comes from the caching allocator (never managed memory): a freed
  * block is kept for the next request of its size class and handed out again at once, so free
@@ -47,16 +33,10 @@ K3RT_API int k3rt_stream_wait(k3rt_stream *s, k3rt_event *e, k3rt_error *err);
  * after a synchronisation or event). */
 K3RT_API void *k3rt_alloc(int device, size_t bytes, k3rt_error *err);
 K3RT_API void k3rt_free(int device, void *ptr);
-/* Page-locked host memory, for asynchronous copies to and from CUDA devices. Fails in a build
- * without CUDA or on a machine without a usable driver. */
-K3RT_API void *k3rt_alloc_pinned(size_t bytes, k3rt_error *err);
-K3RT_API void k3rt_free_pinned(void *ptr);
 K3RT_API int k3rt_memcpy(k3rt_stream *s, void *dst, int dst_device, const void *src,
                          int src_device, size_t bytes, k3rt_error *err);
 K3RT_API int k3rt_memset(k3rt_stream *s, void *dst, int device, int value, size_t bytes,
                          k3rt_error *err);
-/* Number of CUDA devices usable by this build (0 without CUDA or without a GPU). */
-K3RT_API int k3rt_cuda_device_count(void);
 
 #ifdef __cplusplus
 }

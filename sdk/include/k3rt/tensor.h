@@ -58,18 +58,12 @@ K3RT_API k3rt_tensor k3rt_tensor_view(void *data, int dtype, int device, int ndi
                                       int64_t d1, int64_t d2, int64_t d3);
 /* "[4, 128]" into buf. */
 K3RT_API const char *k3rt_tensor_shape_str(const k3rt_tensor *t, char *buf, size_t len);
-/* Checks dtype and shape (shape entries < 0 are wildcards); message names `what`. */
-K3RT_API int k3rt_tensor_expect(const k3rt_tensor *t, const char *what, int dtype, int ndim,
-                                const int64_t *shape, k3rt_error *err);
 
 /* Scalar conversions (round-to-nearest-even; fp8 saturates to +-448). */
 K3RT_API uint16_t k3rt_f32_to_bf16(float x);
 K3RT_API float k3rt_bf16_to_f32(uint16_t x);
 K3RT_API uint8_t k3rt_f32_to_fp8e4m3(float x);
 K3RT_API float k3rt_fp8e4m3_to_f32(uint8_t x);
-/* Converts n elements between host buffers of any float dtypes. */
-K3RT_API int k3rt_convert(void *dst, int dst_dtype, const void *src, int src_dtype, int64_t n,
-                          k3rt_error *err);
 
 #ifdef __cplusplus
 }
