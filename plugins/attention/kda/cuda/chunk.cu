@@ -40,38 +40,92 @@ template <> __device__ __forceinline__ void store2<bf16>(bf16 *p, float a, float
 // ---- gates ---------------------------------------------------------------------------------
 template <int D> struct GateLd { static constexpr int LDH = D + 1; };  // odd: fragment-pattern reads spread over the banks
 
-// Hr, Gm, Sb of the chunk whose token 0 is g (row pitch ldg); rows >= n count g = 0. Ends with
-// a barrier.
+// 16 bytes of a row: V = 16 / sizeof(E) values as floats; zeros when !ok (p is then not read).
+template <typename E> struct Vec { static constexpr int V = 16 / (int)sizeof(E); };
+template <typename E>
+__device__ __forceinline__ void load_vec(float (&x)[Vec<E>::V], const E *p, bool ok)
+{
+    constexpr int V = Vec<E>::V;
+    if (!ok) {
+#pragma unroll
+        for (int c = 0; c < V; c++)
+            x[c] = 0.0f;
+        return;
+    }
+    uint4 u = *reinterpret_cast<const uint4 *>(p);
+    if constexpr (sizeof(E) == 2) {
+        const bf16 *h = reinterpret_cast<const bf16 *>(&u);
+#pragma unroll
+        for (int c = 0; c < V; c++)
+            x[c] = __bfloat162float(h[c]);
+    } else {
+        const float *f = reinterpret_cast<const float *>(&u);
+#pragma unroll
+        for (int c = 0; c < V; c++)
+            x[c] = f[c];
+    }
+}
+template <typename E>
+__device__ __forceinline__ void store_vec(E *p, const float (&x)[Vec<E>::V])
+{
+    constexpr int V = Vec<E>::V;
+    uint4 u;
+    if constexpr (sizeof(E) == 2) {
+        uint32_t *w = reinterpret_cast<uint32_t *>(&u);
+#pragma unroll
+        for (int c = 0; c < V / 2; c++)
+            w[c] = pack(x[2 * c], x[2 * c + 1]);
+    } else {
+        float *f = reinterpret_cast<float *>(&u);
+#pragma unroll
+        for (int c = 0; c < V; c++)
+            f[c] = x[c];
+    }
+    *reinterpret_cast<uint4 *>(p) = u;
+}
+
+// Hr, Gm, Sb of the chunk whose token 0 is g (row pitch ldg); rows >= n count g = 0. A thread
+// per (16-byte group of channels, sub-chunk) loads its 16 rows at once, then scans them outward
+// from the midpoint. Ends with a barrier.
 template <typename E, int D>
 __device__ void gate_phase(const E *g, int64_t ldg, int n, float *Hr, float *Gm, float *Sb,
                            int tid)
 {
-    constexpr int LDH = GateLd<D>::LDH;
-    for (int it = tid; it < NB * D; it += THREADS) {
-        int j = it % D, I = it / D, m = I * SUB + SUB / 2;
-        float h = 0.0f;
-        Hr[m * LDH + j] = 0.0f;
-        for (int t = m + 1; t < (I + 1) * SUB; t++) {
-            h += t < n ? to_f(g[(int64_t)t * ldg + j]) * LOG2E : 0.0f;
-            Hr[t * LDH + j] = h;
-        }
-        h = 0.0f;
-        for (int t = m - 1; t >= I * SUB; t--) {  // G_t - G_m = (G_{t+1} - G_m) - g_{t+1}
-            h -= t + 1 < n ? to_f(g[(int64_t)(t + 1) * ldg + j]) * LOG2E : 0.0f;
-            Hr[t * LDH + j] = h;
+    constexpr int LDH = GateLd<D>::LDH, V = Vec<E>::V, NG = D / V;
+    for (int it = tid; it < NB * NG; it += THREADS) {
+        const int j0 = (it % NG) * V, I = it / NG, r0 = I * SUB, m = r0 + SUB / 2;
+        float x[SUB][V];
+#pragma unroll
+        for (int rr = 0; rr < SUB; rr++)
+            load_vec<E>(x[rr], g + (int64_t)(r0 + rr) * ldg + j0, r0 + rr < n);
+#pragma unroll
+        for (int c = 0; c < V; c++) {
+            float h = 0.0f;
+            Hr[m * LDH + j0 + c] = 0.0f;
+#pragma unroll
+            for (int t = m + 1; t < r0 + SUB; t++) {
+                h += x[t - r0][c] * LOG2E;
+                Hr[t * LDH + j0 + c] = h;
+            }
+            h = 0.0f;
+#pragma unroll
+            for (int t = m - 1; t >= r0; t--) {  // G_t - G_m = (G_{t+1} - G_m) - g_{t+1}
+                h -= x[t + 1 - r0][c] * LOG2E;
+                Hr[t * LDH + j0 + c] = h;
+            }
+            Sb[I * D + j0 + c] = x[0][c] * LOG2E;  // g of the sub-chunk's first row, for now
         }
     }
     __syncthreads();
     for (int j = tid; j < D; j += THREADS) {
-        float gm = to_f(g[j]) * LOG2E - Hr[j];  // G_8 = g_0 - (G_0 - G_8)
+        float gm = Sb[j] - Hr[j];  // G_8 = g_0 - (G_0 - G_8)
         Gm[j] = gm;
         Sb[j] = 0.0f;
         for (int I = 1; I < NB; I++) {
             int r = I * SUB;  // G_{m_I} - G_{m_I-1} = Hr[r-1] - Hr[r] + g_r, all terms <= 0
-            float s = Hr[(r - 1) * LDH + j] - Hr[r * LDH + j] +
-                      (r < n ? to_f(g[(int64_t)r * ldg + j]) * LOG2E : 0.0f);
-            Sb[I * D + j] = s;
-            gm += s;
+            float sI = Hr[(r - 1) * LDH + j] - Hr[r * LDH + j] + Sb[I * D + j];
+            Sb[I * D + j] = sI;
+            gm += sI;
             Gm[I * D + j] = gm;
         }
     }
@@ -99,25 +153,85 @@ template <int D> struct Gate {
 };
 
 // Qt = q 2^Hr, Kt = k 2^Hr and the column sides KC_I (rows kc_off(I) + i, i <= end of I), all
-// 64 rows (zeros past n). q, k at token 0 of the chunk, row pitch ldq.
+// 64 rows (zeros past n). q, k at token 0 of the chunk, row pitch ldq. With Qg, Kb (prep) also
+// s q Γ and k Γ̄ into those [64][D] tiles. Each thread loads all its 16-byte groups first.
 template <typename E, int D, int LD>
 __device__ void build_sides(const Gate<D> &G, const E *q, const E *k, int64_t ldq, int n,
-                            E *Qt, E *Kt, E *KC, int tid)
+                            E *Qt, E *Kt, E *KC, E *Qg, E *Kb, float s, int tid)
 {
-    for (int it = tid; it < C * D; it += THREADS) {
-        int r = it / D, j = it % D, I = r / SUB;
-        bool ok = r < n;
-        float qv = ok ? to_f(q[(int64_t)r * ldq + j]) : 0.0f;
-        float kv = ok ? to_f(k[(int64_t)r * ldq + j]) : 0.0f;
-        float h = G.hr(r, j), f = ex2(h);
-        Qt[r * LD + j] = from_f<E>(qv * f);
-        Kt[r * LD + j] = from_f<E>(kv * f);
-        float md = 0.0f;
-        for (int I2 = I; I2 < NB; I2++) {
-            if (I2 > I)
-                md += G.Sb[I2 * D + j];
-            KC[(kc_off(I2) + r) * LD + j] = from_f<E>(ok ? kv * ex2(md - h) : 0.0f);
+    constexpr int V = Vec<E>::V, NG = D / V, ITEMS = C * NG / THREADS;
+    static_assert(C * NG % THREADS == 0, "items per thread");
+    float qv[ITEMS][V], kv[ITEMS][V];
+#pragma unroll
+    for (int u = 0; u < ITEMS; u++) {
+        int it = tid + u * THREADS, r = it / NG, j0 = (it % NG) * V;
+        load_vec<E>(qv[u], q + (int64_t)r * ldq + j0, r < n);
+        load_vec<E>(kv[u], k + (int64_t)r * ldq + j0, r < n);
+    }
+#pragma unroll
+    for (int u = 0; u < ITEMS; u++) {
+        const int it = tid + u * THREADS, r = it / NG, j0 = (it % NG) * V, I = r / SUB;
+        const bool ok = r < n;
+        float a[V], b[V], h[V];
+#pragma unroll
+        for (int c = 0; c < V; c++) {
+            h[c] = G.hr(r, j0 + c);
+            float f = ex2(h[c]);
+            a[c] = qv[u][c] * f;
+            b[c] = kv[u][c] * f;
         }
+        store_vec<E>(Qt + r * LD + j0, a);
+        store_vec<E>(Kt + r * LD + j0, b);
+        float md[V];
+#pragma unroll
+        for (int c = 0; c < V; c++)
+            md[c] = 0.0f;
+        for (int I2 = I; I2 < NB; I2++) {
+#pragma unroll
+            for (int c = 0; c < V; c++) {
+                if (I2 > I)
+                    md[c] += G.Sb[I2 * D + j0 + c];
+                a[c] = ok ? kv[u][c] * ex2(md[c] - h[c]) : 0.0f;
+            }
+            store_vec<E>(KC + (kc_off(I2) + r) * LD + j0, a);
+        }
+        if (Qg) {
+#pragma unroll
+            for (int c = 0; c < V; c++) {
+                a[c] = ok ? s * qv[u][c] * G.gam(r, j0 + c) : 0.0f;
+                b[c] = ok ? kv[u][c] * G.gbar(r, j0 + c) : 0.0f;
+            }
+            store_vec<E>(Qg + r * D + j0, a);
+            store_vec<E>(Kb + r * D + j0, b);
+        }
+    }
+}
+
+// Rows of Γ k (or beta Γ k with scale_beta) and v (or beta v) into two [64][D] shared tiles.
+template <typename E, int D, int LD>
+__device__ void build_kv(const Gate<D> &G, const E *k, int64_t ldq, const E *v, int64_t ldv,
+                         int n, const float *bt, bool scale_beta, E *Kg, E *Vs, int tid)
+{
+    constexpr int V = Vec<E>::V, NG = D / V, ITEMS = C * NG / THREADS;
+    float kv[ITEMS][V], vv[ITEMS][V];
+#pragma unroll
+    for (int u = 0; u < ITEMS; u++) {
+        int it = tid + u * THREADS, r = it / NG, j0 = (it % NG) * V;
+        load_vec<E>(kv[u], k + (int64_t)r * ldq + j0, r < n);
+        load_vec<E>(vv[u], v + (int64_t)r * ldv + j0, r < n);
+    }
+#pragma unroll
+    for (int u = 0; u < ITEMS; u++) {
+        const int it = tid + u * THREADS, r = it / NG, j0 = (it % NG) * V;
+        const float b = scale_beta ? bt[r] : 1.0f;
+        float a[V];
+#pragma unroll
+        for (int c = 0; c < V; c++) {
+            a[c] = r < n ? b * kv[u][c] * G.gam(r, j0 + c) : 0.0f;
+            vv[u][c] *= b;
+        }
+        store_vec<E>(Kg + r * LD + j0, a);
+        store_vec<E>(Vs + r * LD + j0, vv[u]);
     }
 }
 
@@ -188,17 +302,9 @@ __global__ void __launch_bounds__(THREADS) prep_kernel(PrepArgs pa)
     Gate<D> G{Hr, Gm, Sb, n - 1, (n - 1) / SUB};
 
     // Qg, Kb, γ to the workspace; the two sides of the pairwise products to shared memory.
-    build_sides<E, D, LD>(G, q, k, ldq, n, Qt, Kt, KC, tid);
-    for (int it = tid; it < C * D; it += THREADS) {
-        int r = it / D, j = it % D;
-        bool ok = r < n;
-        float qv = ok ? to_f(q[(int64_t)r * ldq + j]) : 0.0f;
-        float kv = ok ? to_f(k[(int64_t)r * ldq + j]) : 0.0f;
-        Qg[r * D + j] = from_f<E>(ok ? s * qv * G.gam(r, j) : 0.0f);
-        Kb[r * D + j] = from_f<E>(ok ? kv * G.gbar(r, j) : 0.0f);
-        if (r == 0)
-            gam[j] = G.gam_last(j);
-    }
+    build_sides<E, D, LD>(G, q, k, ldq, n, Qt, Kt, KC, Qg, Kb, s, tid);
+    if (tid < D)
+        gam[tid] = G.gam_last(tid);
     __syncthreads();
 
     // Aqk = s Qt KC^T (lower blocks), zeros above the diagonal.
@@ -293,14 +399,7 @@ __global__ void __launch_bounds__(THREADS) prep_kernel(PrepArgs pa)
         if (BWD)
             ((E *)pa.Tm)[ch * C * C + it] = from_f<E>(t);
     }
-    for (int it = tid; it < C * D; it += THREADS) {
-        int r = it / D, j = it % D;
-        bool ok = r < n;
-        float kv = ok ? to_f(k[(int64_t)r * ldq + j]) : 0.0f;
-        float vv = ok ? to_f(v[(int64_t)r * ldv + j]) : 0.0f;
-        KgB[r * LD + j] = from_f<E>(ok ? bt[r] * kv * G.gam(r, j) : 0.0f);
-        bV[r * LD + j] = from_f<E>(bt[r] * vv);
-    }
+    build_kv<E, D, LD>(G, k, ldq, v, ldv, n, bt, true, KgB, bV, tid);
     __syncthreads();
 
     // W = T KgB [64 x D] and U^T = bV^T T^T [D x 64], 16x16 tiles; T is lower triangular.
@@ -335,22 +434,24 @@ __global__ void __launch_bounds__(THREADS) prep_kernel(PrepArgs pa)
 }
 
 // ---- backward, part a ----------------------------------------------------------------------
-// Shared memory: Hr and the gate constants; dO [64][D]; dW, bV [64][D]; dT, X [64][64]; parts;
-// with bf16 also the staged S^T / dS'^T [D][D], Δ^T, dΔ^T [D][64] and T [64][64] (float reads
-// them from the workspace).
+// Shared memory: Hr and the gate constants; dO [64][D] (then Γ k); dW, V [64][D]; dT, X [64][64];
+// parts; with bf16 also the staged S^T / dS'^T [D][D], Δ^T, dΔ^T [D][64], T [64][64] and Qg, Kb
+// [64][D] (float reads those from the workspace). The owners' elementwise work reads shared
+// memory only: every global read is one coalesced tile load at the start.
 template <typename E, int D> struct BwdAL {
     static constexpr bool TC = sizeof(E) == 2;
     static constexpr int P = Pad<E>::v, LD = D + P, LDT = C + P, LDH = GateLd<D>::LDH;
     static constexpr size_t HR = al16((size_t)C * LDH * 4), CONST = 2 * NB * D * 4 + C * 4,
-                            PARTS = (NB * D + C * NB + 4 * C) * 4;
+                            PARTS = (NB * D + C * NB + 4 * C + THREADS) * 4;
     static constexpr size_t TD = (size_t)C * LD * sizeof(E), TT = (size_t)C * LDT * sizeof(E);
     static constexpr size_t STATE = TC ? (size_t)D * LD * sizeof(E) : 0,
-                            DT = TC ? (size_t)D * LDT * sizeof(E) : 0, TM = TC ? TT : 0;
+                            DT = TC ? (size_t)D * LDT * sizeof(E) : 0, TM = TC ? TT : 0,
+                            QK = TC ? TD : 0;
     static constexpr size_t o_const = HR, o_parts = o_const + al16(CONST),
                             o_do = o_parts + al16(PARTS), o_dw = o_do + TD, o_bv = o_dw + TD,
                             o_dt = o_bv + TD, o_x = o_dt + TT, o_st = o_x + TT,
                             o_delt = o_st + STATE, o_ddelt = o_delt + DT, o_tm = o_ddelt + DT,
-                            bytes = o_tm + TM;
+                            o_qg = o_tm + TM, o_kb = o_qg + QK, bytes = o_kb + QK;
 };
 
 struct BwdArgs {
@@ -358,7 +459,7 @@ struct BwdArgs {
     int H, HV;
     float scale;
     const void *q, *k, *v, *g, *beta, *d_o;
-    const void *Tm, *Lk, *St, *Dt, *dSt, *dDt;
+    const void *Qg, *Kb, *Tm, *Lk, *St, *Dt, *dSt, *dDt;
     void *dAs, *dLk;
     float *part, *dGl, *dd;
     void *d_v, *d_beta;
@@ -378,11 +479,11 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
     float *Hr = reinterpret_cast<float *>(smem), *Gm = reinterpret_cast<float *>(smem + L::o_const),
           *Sb = Gm + NB * D, *bt = Sb + NB * D;
     float *part3 = reinterpret_cast<float *>(smem + L::o_parts), *part9 = part3 + NB * D,
-          *part11 = part9 + C * NB, *part12 = part11 + 2 * C;
+          *part11 = part9 + C * NB, *part12 = part11 + 2 * C, *pgam = part12 + 2 * C;
     E *dO = reinterpret_cast<E *>(smem + L::o_do), *dW = reinterpret_cast<E *>(smem + L::o_dw),
-      *bV = reinterpret_cast<E *>(smem + L::o_bv), *dT = reinterpret_cast<E *>(smem + L::o_dt),
+      *Vs = reinterpret_cast<E *>(smem + L::o_bv), *dT = reinterpret_cast<E *>(smem + L::o_dt),
       *X = reinterpret_cast<E *>(smem + L::o_x);
-    E *KgB = dO;  // after dO's last use
+    E *Kg = dO;  // Γ k, after dO's last use
 
     const int64_t c = blockIdx.x;
     const int hv = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -391,30 +492,44 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
         return;
     const int n = ci.n, HV = ba.HV, hq = hv / (HV / ba.H);
     const int64_t ldq = (int64_t)ba.H * D, ldv = (int64_t)HV * D, ch = c * HV + hv;
-    const E *q = (const E *)ba.q + (ci.t0 * ba.H + hq) * D, *k = (const E *)ba.k + (ci.t0 * ba.H + hq) * D;
+    const E *k = (const E *)ba.k + (ci.t0 * ba.H + hq) * D;
     const E *v = (const E *)ba.v + (ci.t0 * HV + hv) * D, *g = (const E *)ba.g + (ci.t0 * HV + hv) * D;
     const E *dOg = (const E *)ba.d_o + (ci.t0 * HV + hv) * D;
     const E *Stg = (const E *)ba.St + ch * D * D, *dStg = (const E *)ba.dSt + ch * D * D;
     const E *Dtg = (const E *)ba.Dt + ch * D * C, *dDtg = (const E *)ba.dDt + ch * D * C;
     const E *Tmg = (const E *)ba.Tm + ch * C * C, *Lkg = (const E *)ba.Lk + ch * C * C;
+    const E *Qgg = (const E *)ba.Qg + ch * C * D, *Kbg = (const E *)ba.Kb + ch * C * D;
     const float s = ba.scale;
 
     // operands: staged (bf16) or in place (float)
-    const E *St = Stg, *Dt = Dtg, *dDt = dDtg, *Tm = Tmg;
-    int lds = D, ldd = C, ldtm = C;
+    const E *St = Stg, *Dt = Dtg, *dDt = dDtg, *Tm = Tmg, *Qg = Qgg, *Kb = Kbg;
+    int lds = D, ldd = C, ldtm = C, ldqk = D;
     if (TC) {
         E *sSt = reinterpret_cast<E *>(smem + L::o_st), *sDt = reinterpret_cast<E *>(smem + L::o_delt),
-          *sdDt = reinterpret_cast<E *>(smem + L::o_ddelt), *sTm = reinterpret_cast<E *>(smem + L::o_tm);
+          *sdDt = reinterpret_cast<E *>(smem + L::o_ddelt), *sTm = reinterpret_cast<E *>(smem + L::o_tm),
+          *sQg = reinterpret_cast<E *>(smem + L::o_qg), *sKb = reinterpret_cast<E *>(smem + L::o_kb);
         tile_in<E>(sSt, LD, Stg, D, D, D, D, tid, THREADS);
         tile_in<E>(sDt, LDT, Dtg, C, D, C, D, tid, THREADS);
         tile_in<E>(sdDt, LDT, dDtg, C, D, C, D, tid, THREADS);
         tile_in<E>(sTm, LDT, Tmg, C, C, C, C, tid, THREADS);
-        St = sSt, Dt = sDt, dDt = sdDt, Tm = sTm, lds = LD, ldd = LDT, ldtm = LDT;
+        tile_in<E>(sQg, LD, Qgg, D, C, D, C, tid, THREADS);
+        tile_in<E>(sKb, LD, Kbg, D, C, D, C, tid, THREADS);
+        St = sSt, Dt = sDt, dDt = sdDt, Tm = sTm, Qg = sQg, Kb = sKb;
+        lds = LD, ldd = LDT, ldtm = LDT, ldqk = LD;
     }
     tile_in<E>(dO, LD, dOg, ldv, C, D, n, tid, THREADS);
     cp_async_commit();
     if (tid < C)
         bt[tid] = tid < n ? to_f(((const E *)ba.beta)[(ci.t0 + tid) * HV + hv]) : 0.0f;
+    {  // dγ_j = sum_v S[j][v] dS'[j][v], two halves of v per channel, loads unrolled
+        const int j = tid % D, p = tid / D;
+        constexpr int PARTS_V = THREADS / D;  // 2, 4 or 8
+        float x = 0.0f;
+#pragma unroll 16
+        for (int vv = p; vv < D; vv += PARTS_V)
+            x += to_f(Stg[vv * D + j]) * to_f(dStg[vv * D + j]);
+        pgam[p * D + j] = x;
+    }
     gate_phase<E, D>(g, ldv, n, Hr, Gm, Sb, tid);  // ends with a barrier
     Gate<D> G{Hr, Gm, Sb, n - 1, (n - 1) / SUB};
     cp_async_wait<0>();
@@ -433,9 +548,8 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int r = own_r(e), j = own_j(nt, e);
-            float qv = r < n ? to_f(q[(int64_t)r * ldq + j]) : 0.0f, ga = G.gam(r, j);
-            dq[nt][e] = s * ga * acc[nt][e];
-            dG[nt][e] = s * qv * ga * acc[nt][e];
+            dq[nt][e] = s * G.gam(r, j) * acc[nt][e];
+            dG[nt][e] = to_f(Qg[r * ldqk + j]) * acc[nt][e];
             dk[nt][e] = 0.0f;
         }
     // dW = -dΔ S^T (shared)
@@ -470,21 +584,14 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
     }
     __syncthreads();
 
-    // dS' replaces S; beta Γ k (over dO) and beta v.
+    // dS' replaces S; Γ k (over dO) and v.
     if (TC) {
         tile_in<E>(const_cast<E *>(St), LD, dStg, D, D, D, D, tid, THREADS);
         cp_async_commit();
     } else {
         St = dStg;
     }
-    for (int it = tid; it < C * D; it += THREADS) {
-        int r = it / D, j = it % D;
-        bool ok = r < n;
-        float kv = ok ? to_f(k[(int64_t)r * ldq + j]) : 0.0f;
-        float vv = ok ? to_f(v[(int64_t)r * ldv + j]) : 0.0f;
-        KgB[r * LD + j] = from_f<E>(ok ? bt[r] * kv * G.gam(r, j) : 0.0f);
-        bV[r * LD + j] = from_f<E>(bt[r] * vv);
-    }
+    build_kv<E, D, LD>(G, k, ldq, v, ldv, n, bt, false, Kg, Vs, tid);
     cp_async_wait<0>();
     __syncthreads();
 
@@ -500,10 +607,9 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
             for (int e = 0; e < 4; e++) {
                 int r = own_r(e), j = own_j(nt, e);
                 if (r < n) {
-                    float gb = G.gbar(r, j), kv = to_f(k[(int64_t)r * ldq + j]);
-                    dk[nt][e] += gb * acc[nt][e];
+                    dk[nt][e] += G.gbar(r, j) * acc[nt][e];
                     if (r < n - 1) {
-                        float x = kv * gb * acc[nt][e];
+                        float x = to_f(Kb[r * ldqk + j]) * acc[nt][e];
                         dG[nt][e] -= x;
                         cs[nt][e & 1] += x;
                     }
@@ -520,7 +626,7 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
             }
         }
     }
-    // dKgB = T^T dW: dk += beta Γ dKgB, dG += KgB dKgB, dbeta += Γ k dKgB
+    // dKgB = T^T dW (KgB = beta Γ k): dk += beta Γ dKgB, dG += beta Γk dKgB, dbeta += Γk dKgB
     zero(acc);
     mm<NT, true, true>(acc, Tm + R * SUB * ldtm + R * SUB, ldtm, dW + R * SUB * LD + h * HALF, LD,
                        C - R * SUB, lane);
@@ -531,12 +637,10 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = own_r(e), j = own_j(nt, e);
-                if (r < n) {
-                    float ga = G.gam(r, j), kv = to_f(k[(int64_t)r * ldq + j]);
-                    dk[nt][e] += bt[r] * ga * acc[nt][e];
-                    dG[nt][e] += bt[r] * ga * kv * acc[nt][e];
-                    rs[e >> 1] += ga * kv * acc[nt][e];
-                }
+                float kg = to_f(Kg[r * LD + j]);
+                dk[nt][e] += bt[r] * G.gam(r, j) * acc[nt][e];
+                dG[nt][e] += bt[r] * kg * acc[nt][e];
+                rs[e >> 1] += kg * acc[nt][e];
             }
 #pragma unroll
         for (int o = 1; o < 4; o <<= 1) {
@@ -560,11 +664,10 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
 #pragma unroll
             for (int e = 0; e < 4; e += 2) {
                 int r = own_r(e), j = own_j(nt, e);
-                if (r < n) {
+                if (r < n)
                     store2<E>(dv + (int64_t)r * ldv + j, bt[r] * acc[nt][e], bt[r] * acc[nt][e + 1]);
-                    rs[e >> 1] += to_f(v[(int64_t)r * ldv + j]) * acc[nt][e] +
-                                  to_f(v[(int64_t)r * ldv + j + 1]) * acc[nt][e + 1];
-                }
+                rs[e >> 1] += to_f(Vs[r * LD + j]) * acc[nt][e] +
+                              to_f(Vs[r * LD + j + 1]) * acc[nt][e + 1];
             }
 #pragma unroll
         for (int o = 1; o < 4; o <<= 1) {
@@ -576,35 +679,33 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
             part12[(R * SUB + g4 + 8) * 2 + h] = rs[1];
         }
     }
-    // dT = dW KgB^T + dΔ (beta v)^T, strictly lower (T's diagonal is fixed at 1)
+    // dT = (dW (Γk)^T + dΔ v^T) Diag(beta), strictly lower (T's diagonal is fixed at 1)
     for (int b = warp; b < NB * NB; b += WARPS) {
         int I, J;
         tile_rc(b, I, J);
         float a2[2][4];
         zero(a2);
         if (J <= I) {
-            mm<2, false, false>(a2, dW + I * SUB * LD, LD, KgB + J * SUB * LD, LD, D, lane);
-            mm<2, true, false>(a2, dDt + I * SUB, ldd, bV + J * SUB * LD, LD, D, lane);
+            mm<2, false, false>(a2, dW + I * SUB * LD, LD, Kg + J * SUB * LD, LD, D, lane);
+            mm<2, true, false>(a2, dDt + I * SUB, ldd, Vs + J * SUB * LD, LD, D, lane);
         }
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e += 2) {
                 int r = I * SUB + frow(lane, e), col = J * SUB + fcol(lane, nt, e);
-                store2<E>(dT + r * LDT + col, col < r ? a2[nt][e] : 0.0f,
-                          col + 1 < r ? a2[nt][e + 1] : 0.0f);
+                store2<E>(dT + r * LDT + col, col < r ? bt[col] * a2[nt][e] : 0.0f,
+                          col + 1 < r ? bt[col + 1] * a2[nt][e + 1] : 0.0f);
             }
     }
-    // dγ_j = sum_v S[j][v] dS'[j][v]
-    float dgam = 0.0f;
-    if (tid < D)
-        for (int vv = 0; vv < D; vv++)
-            dgam += to_f(Stg[vv * D + tid]) * to_f(dStg[vv * D + tid]);
     __syncthreads();
 
     // dG of the last row from Kb and γ; X = T^T dT (blocks on and below the diagonal)
     if (tid < D) {
-        float x = G.gam_last(tid) * dgam;
+        float x = 0.0f;
+        for (int p = 0; p < THREADS / D; p++)
+            x += pgam[p * D + tid];
+        x *= G.gam_last(tid);
         for (int RR = 0; RR < NB; RR++)
             x += part3[RR * D + tid];
         ba.dGl[ch * D + tid] = x;
@@ -728,7 +829,7 @@ __global__ void __launch_bounds__(THREADS) bwd_b_kernel(BwdArgs ba)
     const int ldA = TC ? LDT : C;
     gate_phase<E, D>(g, ldv, n, Hr, Gm, Sb, tid);
     Gate<D> G{Hr, Gm, Sb, n - 1, (n - 1) / SUB};
-    build_sides<E, D, LD>(G, q, k, ldq, n, Qt, Kt, KC, tid);
+    build_sides<E, D, LD>(G, q, k, ldq, n, Qt, Kt, KC, (E *)nullptr, (E *)nullptr, 0.0f, tid);
     cp_async_wait<0>();
     __syncthreads();
 
@@ -736,60 +837,57 @@ __global__ void __launch_bounds__(THREADS) bwd_b_kernel(BwdArgs ba)
     float dq[NT][4], dk[NT][4], dG[NT][4], acc[NT][4];
     const float *pp = ba.part + ch * 3 * C * D;
     const float *dd = ba.dd + ch * C;
+    const E *KCR = KC + kc_off(R) * LD;  // KC_R: k 2^-Hr on the rows of block R
+    // the owners read q, k back from the sides: q = Qt 2^-Hr, k = KC_R 2^Hr
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int r = R * SUB + frow(lane, e), j = h * HALF + fcol(lane, nt, e);
-            float qv = r < n ? to_f(q[(int64_t)r * ldq + j]) : 0.0f;
-            float kv = r < n ? to_f(k[(int64_t)r * ldq + j]) : 0.0f;
+            float hr = G.hr(r, j);
+            float qv = to_f(Qt[r * LD + j]) * ex2(-hr), kv = to_f(KCR[r * LD + j]) * ex2(hr);
             float x = dd[r];  // Aqk's diagonal, s q_r . k_r, carries no decay
             dq[nt][e] = pp[((0 * NT + nt) * 4 + e) * THREADS + tid] + x * kv;
             dk[nt][e] = pp[((1 * NT + nt) * 4 + e) * THREADS + tid] + x * qv;
             dG[nt][e] = pp[((2 * NT + nt) * 4 + e) * THREADS + tid];
         }
-    // row sides: dQt = dAs KC_R, dKt = dLk KC_R (K = columns up to block R)
-    const E *KCR = KC + kc_off(R) * LD + h * HALF;
+    // row sides: dQt = dAs KC_R, dKt = dLk KC_R (K = columns up to block R);
+    // dq += 2^Hr dQt, dG += Qt dQt, and the same for k
     zero(acc);
-    mm<NT, false, true>(acc, dAs + R * SUB * ldA, ldA, KCR, LD, (R + 1) * SUB, lane);
+    mm<NT, false, true>(acc, dAs + R * SUB * ldA, ldA, KCR + h * HALF, LD, (R + 1) * SUB, lane);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int r = R * SUB + frow(lane, e), j = h * HALF + fcol(lane, nt, e);
-            float qv = r < n ? to_f(q[(int64_t)r * ldq + j]) : 0.0f;
-            float y = ex2(G.hr(r, j)) * acc[nt][e];
-            dq[nt][e] += y;
-            dG[nt][e] += qv * y;
+            dq[nt][e] += ex2(G.hr(r, j)) * acc[nt][e];
+            dG[nt][e] += to_f(Qt[r * LD + j]) * acc[nt][e];
         }
     zero(acc);
-    mm<NT, false, true>(acc, dLk + R * SUB * ldA, ldA, KCR, LD, (R + 1) * SUB, lane);
+    mm<NT, false, true>(acc, dLk + R * SUB * ldA, ldA, KCR + h * HALF, LD, (R + 1) * SUB, lane);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int r = R * SUB + frow(lane, e), j = h * HALF + fcol(lane, nt, e);
-            float kv = r < n ? to_f(k[(int64_t)r * ldq + j]) : 0.0f;
-            float y = ex2(G.hr(r, j)) * acc[nt][e];
-            dk[nt][e] += y;
-            dG[nt][e] += kv * y;
+            dk[nt][e] += ex2(G.hr(r, j)) * acc[nt][e];
+            dG[nt][e] += to_f(Kt[r * LD + j]) * acc[nt][e];
         }
-    // column sides: rows of block R in KC_I for every I >= R
+    // column sides: rows of block R in KC_I for every I >= R; dk += 2^(Md - Hr) dKC, dG -= KC dKC
     for (int I = R; I < NB; I++) {
         zero(acc);
         mm<NT, true, true>(acc, dAs + I * SUB * ldA + R * SUB, ldA, Qt + I * SUB * LD + h * HALF, LD,
                            SUB, lane);
         mm<NT, true, true>(acc, dLk + I * SUB * ldA + R * SUB, ldA, Kt + I * SUB * LD + h * HALF, LD,
                            SUB, lane);
+        const E *KCI = KC + kc_off(I) * LD;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = R * SUB + frow(lane, e), j = h * HALF + fcol(lane, nt, e);
-                float kv = r < n ? to_f(k[(int64_t)r * ldq + j]) : 0.0f;
-                float y = ex2(G.md(I, R, j) - G.hr(r, j)) * acc[nt][e];
-                dk[nt][e] += y;
-                dG[nt][e] -= kv * y;
+                dk[nt][e] += ex2(G.md(I, R, j) - G.hr(r, j)) * acc[nt][e];
+                dG[nt][e] -= to_f(KCI[r * LD + j]) * acc[nt][e];
             }
     }
     __syncthreads();
@@ -862,7 +960,7 @@ template <typename E, int D>
 int bwd_t(cudaStream_t st, const Dims &d, const kda_cuda_args *a, const Bufs &b, k3rt_error *err)
 {
     BwdArgs ba{d.seqs, (int)d.H, (int)d.HV, d.scale, a->q, a->k, a->v, a->g, a->beta, a->d_o,
-               b.Tm, b.Lk, b.St, b.Dt, b.dSt, b.dDt, b.dAs, b.dLk, b.part, b.dGl, b.dd,
+               b.Qg, b.Kb, b.Tm, b.Lk, b.St, b.Dt, b.dSt, b.dDt, b.dAs, b.dLk, b.part, b.dGl, b.dd,
                a->d_v, a->d_beta, a->d_q, a->d_k, a->d_g, b.dqv, b.dkv};
     dim3 grid((unsigned)d.NC, (unsigned)d.HV);
     constexpr size_t sa = BwdAL<E, D>::bytes, sb = BwdBL<E, D>::bytes;
