@@ -161,12 +161,14 @@ def main():
     ap.add_argument("--shape", action="append", default=[])
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--no-fla", action="store_true", help="time k3rt alone")
     a = ap.parse_args()
     dirs = a.lib or [os.path.join(root, "build-cuda", "lib")]
     lib = load_k3rt(dirs)
     shapes = [tuple(int(x) for x in s.split(",")) for s in a.shape] or \
         [(8, 4096, 16, 128), (2, 16384, 16, 128), (1, 65536, 16, 128)]
-    from fla.ops.kda import chunk_kda
+    if not a.no_fla:
+        from fla.ops.kda import chunk_kda
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
 
     t_start = time.time()
@@ -204,7 +206,7 @@ def main():
         del kr, q, k, v, g, beta, do
         torch.cuda.empty_cache()
 
-    for r in rows:
+    for r in rows if not a.no_fla else []:
         B, T, H, D = r["B"], r["T"], r["H"], r["D"]
         q, k, v, g, beta, do = inputs(B, T, H, D)
         leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v, g, beta)]

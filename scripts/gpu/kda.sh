@@ -9,7 +9,8 @@
 #
 #   scripts/gpu/kda.sh [DIR] [FLA]        (defaults .devbuild/kda, .ref/fla_pkg; logs under $OUT)
 # KDA_SECTIONS (default "tests bench") picks from tests, memcheck, bench; memcheck also runs
-# when the test fails. KDA_BENCH_SHAPES (B,T,H,D ...) replaces the benchmark's shapes.
+# when the test fails. KDA_BENCH_SHAPES (B,T,H,D ...) replaces the benchmark's shapes;
+# KDA_BENCH_ARGS adds arguments (--no-fla: k3rt alone, seconds instead of fla's minutes).
 set -u
 DIR=${1:-.devbuild/kda}
 FLA=${2:-.ref/fla_pkg}
@@ -63,7 +64,7 @@ if want bench; then
     for s in ${KDA_BENCH_SHAPES:-}; do shapes+=(--shape "$s"); done
     left=$(( BUDGET - ($(date +%s) - START) )); [ $left -gt 30 ] || left=30
     PYTHONPATH="$FLA:$DIR/bench${PYTHONPATH:+:$PYTHONPATH}" timeout $left \
-        python3 "$DIR/bench/kda_gpu.py" --lib "$DIR/lib" --lib "$DIR/libs" --profile \
+        python3 "$DIR/bench/kda_gpu.py" --lib "$DIR/lib" --lib "$DIR/libs" --profile ${KDA_BENCH_ARGS:-} \
         --json "$LOGS/kda_bench.json" "${shapes[@]}" 2>&1 | tee "$LOGS/kda_bench.log" | grep -v Warning
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

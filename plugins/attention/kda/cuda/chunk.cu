@@ -338,12 +338,13 @@ __global__ void __launch_bounds__(THREADS) prep_kernel(PrepArgs pa)
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
+            for (int e = 0; e < 4; e += 2) {
                 int r = I * SUB + frow(lane, e), col = J * SUB + fcol(lane, nt, e);
-                float lk = col < r ? acc[nt][e] : 0.0f;
-                Lf[r * LDF + col] = bt[r] * lk;
+                float l0 = col < r ? acc[nt][e] : 0.0f, l1 = col + 1 < r ? acc[nt][e + 1] : 0.0f;
+                Lf[r * LDF + col] = bt[r] * l0;
+                Lf[r * LDF + col + 1] = bt[r] * l1;
                 if (BWD)
-                    ((E *)pa.Lk)[ch * C * C + r * C + col] = from_f<E>(lk);
+                    store2<E>((E *)pa.Lk + ch * C * C + r * C + col, l0, l1);
             }
     }
     __syncthreads();
