@@ -23,8 +23,12 @@
  *         so e^{G_r - G_i} factorises into two bounded factors and the intra-chunk products run
  *         on tensor cores); Aqk, L (16x16 blocks), T = (I + L)^-1 (fp32: forward substitution on
  *         the four diagonal blocks, then three levels of block merges), W = T (beta Γ k),
- *         U^T = (beta v)^T T^T, Qg = s q Γ, Kb = k Γ̄, γ. Memory-bound: it reads q, k, v, g (4 x
- *         64 x D) and writes 5 tiles of 64 x D (+ Aqk; the backward's run adds T and L).
+ *         U^T = (beta v)^T T^T, Qg = s q Γ, Kb = k Γ̄, γ. Its floor is memory (it reads q, k, v,
+ *         g, 4 x 64 x D, and writes 5 tiles of 64 x D and Aqk, T, L [64 x 64]: ~0.3 ms at
+ *         B8 T4096 H16 D128); measured 1.52 ms: latency-bound (below). Products: mma.sync
+ *         m16n8k16 with bf16 operands and fp32 accumulation (16x16 output tiles per warp); bf16
+ *         operands keep every bf16 error within spec §9 (o <= 4.2e-3 of 5e-3, NOTES.md), so
+ *         tf32 (twice the operand bytes, half the rate) was not needed.
  *  state  sequential over the chunks of each sequence, grid (n_seq, HV, D / (16 NW)), NW warps of
  *         32 threads; each warp owns 16 value columns of the state (the columns evolve
  *         independently) and keeps S^T [16 x D] in fp32 registers as mma accumulators, packed
@@ -42,10 +46,18 @@
  *         T^T dW, T^T dΔ (-> dv), dL = -T^T dT T^T (-> dbeta, dLk).
  *  bwd_b  chunk-parallel, same ownership: the pairwise terms of Aqk and L through the same
  *         midpoint factorisation, then the reverse cumulative sum of dG over the chunk -> dg.
- * Recomputed rather than stored: the whole prep in the backward (one memory-bound pass, cheaper
- * than keeping 6 tiles per chunk alive between forward and backward). Stored by the forward
- * (`saved`): the chunk-start states S^T and the corrections Δ^T (bf16 for bf16 data), which spare
- * the backward a second sequential state pass.
+ * Stored rather than recomputed (`saved`, written by the forward): the chunk-start states S^T and
+ * the corrections Δ^T (spare the backward a second sequential pass), and the prep's outputs Qg,
+ * Kb, W, Aqk, T, L, γ: recomputing them cost the backward 1.53 ms of 9.65 at B8 T4096 H16 D128
+ * (H200, 2026-12-01), keeping them costs the forward ~0.1 ms of stores and 72 KB per chunk and
+ * value head (bf16, D = 128; saved is ~1.9 KB per token and head in all). Recomputed: the
+ * gate exponents and the sub-chunk sides (Qt, Kt, KC) in bwd_a / bwd_b, from q, k, g.
+ * Measured (NOTES.md; bf16, B8 T4096 H16 D128, H200): prep 1.52 ms, state 0.58 ms forward,
+ * reverse state 0.47, bwd_a 3.50, bwd_b 2.39 ms. The chunk kernels are latency-bound (8 or 16
+ * warps per SM, a dozen block barriers between short phases, 1 block per SM for bwd_a / bwd_b
+ * at 223 / 131 KB of shared memory), far from the memory floor (~0.3 ms for the forward);
+ * the state passes are bound by their chain of dependent products (0.58 ms for 64 chunks at
+ * one 8-warp block per head; 3.9 ms for 1024 chunks at batch 1, one warp per block).
  * Arithmetic: bf16 data runs the products on the tensor cores (bf16 operands, fp32 accumulation,
  * fp32 state, fp32 gates and inverse). f32 data runs every product in fp32 FMA (exact fp32; for
  * tests: ~1e-6 relative to float64), same kernels with a scalar product engine.
@@ -94,8 +106,8 @@ int kda_cuda_fwd(void *stream, const kda_cuda_args *a, k3rt_error *err);
 int kda_cuda_bwd(void *stream, const kda_cuda_args *a, k3rt_error *err);
 
 /* The affine map of each sequence's span (spec §6.1): S_out = M S_in + Bm, m [n_seq, HV, D, D],
- * bm [n_seq, HV, D, D] (float32), from q, k, v, g, beta (s0, o, saved unused). Uses the
- * forward's workspace. */
+ * bm [n_seq, HV, D, D] (float32), from q, k, v, g, beta (s0 and o unused). Uses saved and the
+ * forward's workspace as scratch (a backward needs the forward run again after it). */
 int kda_cuda_summary(void *stream, const kda_cuda_args *a, float *m, float *bm, k3rt_error *err);
 
 #ifdef __cplusplus
