@@ -29,6 +29,8 @@ static k3rt_stream *G;  /* CUDA stream on device 0 */
 static k3rt_stream *CPU;
 static int small_only;
 
+#ifdef K3RT_HAVE_CUDA
+
 /* ---- failures are collected, so one run reports every shape -------------------------------- */
 static int n_failed;
 static char first_failure[512];
@@ -45,8 +47,6 @@ static void record_failure(const char *fmt, ...)
     if (n_failed++ == 0)
         snprintf(first_failure, sizeof first_failure, "%s", msg);
 }
-
-#ifdef K3RT_HAVE_CUDA
 
 /* ---- device arrays ------------------------------------------------------------------------- */
 static void *dalloc(size_t bytes)
