@@ -213,10 +213,21 @@ static int depth_weights(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err
     const tensor_sink_item *it = NULL;
     for (int i = 0; i < sink.n; i++)
         if (!strcmp(sink.items[i].name, "depth_weights") && sink.items[i].t.ndim == 2 &&
-            sink.items[i].t.dtype == K3RT_F32 && sink.items[i].t.device == K3RT_DEVICE_CPU)
+            sink.items[i].t.dtype == K3RT_F32)
             it = &sink.items[i];
     int rc = K3RT_OK;
+    float *w = NULL;  /* the host copy: statistics live on the residual's device */
     if (it) {
+        size_t bytes = (size_t)k3rt_tensor_numel(&it->t) * sizeof(float);
+        if (!(w = malloc(bytes)))
+            rc = k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+        if (!rc)
+            rc = k3rt_memcpy(c->m.opt.stream, w, K3RT_DEVICE_CPU, it->t.data, it->t.device,
+                             bytes, err);
+        if (!rc && it->t.device != K3RT_DEVICE_CPU)
+            rc = k3rt_stream_sync(c->m.opt.stream, err);
+    }
+    if (it && !rc) {
         int rows = (int)it->t.shape[0], cols = (int)it->t.shape[1];
         double *m = malloc((size_t)rows * (size_t)cols * sizeof *m);
         char (*rl)[24] = calloc((size_t)rows, sizeof *rl), (*cl)[24] = calloc((size_t)cols, sizeof *cl);
@@ -232,7 +243,7 @@ static int depth_weights(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err
             rp[i] = rl[i];
             json_t *row = json_array();
             for (int j = 0; j < cols; j++) {
-                m[i * cols + j] = ((const float *)it->t.data)[i * cols + j];
+                m[i * cols + j] = w[i * cols + j];
                 json_array_append_new(row, json_real(m[i * cols + j]));
             }
             json_array_append_new(table, row);
@@ -252,6 +263,7 @@ static int depth_weights(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err
         json_decref(table);
         free(m), free(rl), free(cl), free(rp), free(cp);
     }
+    free(w);
     tensor_sink_free(&sink);
     return rc;
 }

@@ -485,7 +485,7 @@ static void run_module(rig *m, int device, int dtype, const pcfg *c, void *x, vo
     TU_OK(k3rt_stream_sync(m->stream, &err), err);
 }
 
-/* The per-head max logits the module reports. */
+/* The per-head max logits the module reports (f32 [H] on the instance's device). */
 static void max_logits(rig *m, double *out, int64_t H)
 {
     k3rt_error err = {0};
@@ -493,9 +493,16 @@ static void max_logits(rig *m, double *out, int64_t H)
     TU_OK(rig_stats(m, &sink, &err), err);
     ck_assert_int_eq(sink.n, 1);
     ck_assert_str_eq(sink.items[0].name, "max_logit");
-    const float *v = sink.items[0].t.data;
+    const k3rt_tensor *t = &sink.items[0].t;
+    ck_assert_int_eq(t->device, m->device);
+    ck_assert_int_eq(k3rt_tensor_numel(t), H);
+    float *v = malloc((size_t)H * sizeof *v);
+    TU_OK(k3rt_memcpy(m->stream, v, K3RT_DEVICE_CPU, t->data, t->device,
+                      (size_t)H * sizeof *v, &err), err);
+    TU_OK(k3rt_stream_sync(m->stream, &err), err);
     for (int64_t h = 0; h < H; h++)
         out[h] = v[h];
+    free(v);
     tensor_sink_free(&sink);
 }
 
