@@ -65,6 +65,7 @@ static const struct {
     {"shift_crash.so", "--config '{\"init_std\": 0.3}'", "FAIL  mixer",
      "the plugin crashed: signal"},
     {"shift_mixer.so", "", "FAIL  config", "missing required key 'init_std'"},
+    {"bad_norm_residual.so", "", "FAIL  fused norm", "worst relative rms"},
     {"leaky_state.so", "", "FAIL  state()", "diverges from the original"},
     {"leaky_wrong_sign.so", "", "FAIL  update", "moved with the load"},
     {"leaky_local.so", "", "FAIL  data parallel", "different biases"},

@@ -364,8 +364,30 @@ START_TEST(test_residual_calls)
     TU_OK(rig_residual(&r, RIG_MIX_BACKWARD, &ra, &err), err);
     ra.sublayer = 0;
     REFUSED(rig_residual(&r, RIG_OP_FORWARD, &ra, &err), err, "needs a source or a partial");
+    /* the fused pre-norm: its gain, normed output, rstd and epsilon are checked too */
+    ck_assert(rig_has_residual(&r, RIG_MIX_NORM));
+    float gain[4] = {1, 1, 1, 1}, normed[12], rstd[3];
+    ra.norm_gain = k3rt_tensor_view(gain, K3RT_F32, K3RT_DEVICE_CPU, 1, 4, 0, 0, 0);
+    ra.rstd = k3rt_tensor_view(rstd, K3RT_F32, K3RT_DEVICE_CPU, 1, 3, 0, 0, 0);
+    ra.norm_eps = 1e-6;
+    REFUSED(rig_residual(&r, RIG_MIX_NORM, &ra, &err), err, "normed is missing");
+    ra.normed = k3rt_tensor_view(normed, K3RT_F32, K3RT_DEVICE_CPU, 3, 1, 3, 4, 0);
+    ra.norm_eps = 0;
+    REFUSED(rig_residual(&r, RIG_MIX_NORM, &ra, &err), err, "norm_eps must be > 0");
+    ra.norm_eps = 1e-6, ra.rstd.shape[0] = 4;
+    REFUSED(rig_residual(&r, RIG_MIX_NORM, &ra, &err), err, "rstd", "expected f32 [3]");
+    ra.rstd.shape[0] = 3;
+    TU_OK(rig_residual(&r, RIG_MIX_NORM, &ra, &err), err);
+    rig_destroy(&r);
+    /* a residual without the fused norm: the call is refused, naming it */
+    cfg = json_object();
+    TU_OK(rig_create(&r, tu_plugin("block_attnres"), cfg, &a, "residual", &err), err);
+    json_decref(cfg);
+    TU_OK(rig_alloc_params(&r, &err), err);
+    TU_OK(rig_alloc_shape(&r, 1, 3, 1, &err), err);
     ck_assert(!rig_has_residual(&r, RIG_MIX_NORM));
-    REFUSED(rig_residual(&r, RIG_MIX_NORM, &ra, &err), err, "has no mix_norm()");
+    REFUSED(rig_residual(&r, RIG_MIX_NORM, &ra, &err), err, "residual (block_attnres)",
+            "has no mix_norm()");
     rig_destroy(&r);
     k3rt_stream_destroy(s);
 }

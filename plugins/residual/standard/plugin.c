@@ -63,6 +63,8 @@ static const k3rt_residual_vtable residual = {
     .begin_backward = standard_begin_backward,
     .op_forward = standard_op_forward,
     .op_backward = standard_op_backward,
+    .mix_norm = standard_mix_norm,
+    .mix_norm_backward = standard_mix_norm_backward,
 };
 
 static const k3rt_plugin_descriptor descriptor = {

@@ -22,6 +22,8 @@ int standard_finish_backward(void *self, const k3rt_residual_args *a, k3rt_error
 int standard_push_backward(void *self, const k3rt_residual_args *a, k3rt_error *err);
 int standard_mix_backward(void *self, const k3rt_residual_args *a, k3rt_error *err);
 int standard_begin_backward(void *self, const k3rt_residual_args *a, k3rt_error *err);
+int standard_mix_norm(void *self, const k3rt_residual_args *a, k3rt_error *err);
+int standard_mix_norm_backward(void *self, const k3rt_residual_args *a, k3rt_error *err);
 int standard_op_forward(void *self, const k3rt_residual_args *a, k3rt_error *err);
 int standard_op_backward(void *self, const k3rt_residual_args *a, k3rt_error *err);
 

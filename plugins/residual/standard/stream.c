@@ -5,6 +5,10 @@
  *             out = h_S
  *   backward  dh_S = d out ; dy_s = dh_{s+1} ; dh_s = dh_{s+1} + dx_s ; d embedding = dh_0
  *
+ * The pre-norm is fused (mix_norm): the forward norms h_s straight from the stream, and the
+ * backward accumulates the norm's input gradient into dh in the same pass instead of the
+ * engine writing it to a buffer that mix_backward then adds.
+ *
  * h and dh ([B, T, d] each) live in `saved`, which the engine keeps for the whole model's
  * forward and backward: h at offset 0, dh right after it. Every call is one copy or one add
  * of B*T*d elements through k3rt_memcpy / k3rt_axpby on the call's stream, so the same code
@@ -82,6 +86,25 @@ int standard_mix_backward(void *self, const k3rt_residual_args *a, k3rt_error *e
 int standard_begin_backward(void *self, const k3rt_residual_args *a, k3rt_error *err)
 {
     return store(self, a, SLOT_DH, err);
+}
+
+/* t = h_s, normed = RMSNorm(h_s) * gain, rstd for the backward. */
+int standard_mix_norm(void *self, const k3rt_residual_args *a, k3rt_error *err)
+{
+    const standard_residual *r = self;
+    K3RT_TRY(store(self, a, SLOT_H, err));
+    return k3rt_rmsnorm_fwd(a->stream, r->dtype, slot(r, a, SLOT_H), a->norm_gain.data,
+                            a->normed.data, a->rstd.data, a->batch * a->seq, r->d, a->norm_eps,
+                            err);
+}
+
+/* t = d normed: dh_s += RMSNorm'(h_s)^T t, gain gradient += (one pass). */
+int standard_mix_norm_backward(void *self, const k3rt_residual_args *a, k3rt_error *err)
+{
+    const standard_residual *r = self;
+    return k3rt_rmsnorm_bwd(a->stream, r->dtype, a->sublayer_input.data, a->norm_gain.data,
+                            a->rstd.data, a->t.data, slot(r, a, SLOT_DH),
+                            a->norm_gain_grad.data, a->batch * a->seq, r->d, 1, err);
 }
 
 /* ---- one mixing op in isolation (`k3rt op`): t = sum_j sources[j] + partial ---------------- */
