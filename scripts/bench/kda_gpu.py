@@ -44,7 +44,8 @@ class Args(ctypes.Structure):
                 ("n_docs", ctypes.c_int64)] + \
                [(n, ctypes.c_void_p) for n in
                 ("q", "k", "v", "g", "beta", "s0", "o", "s_final", "saved", "workspace", "d_o",
-                 "d_s_final", "d_q", "d_k", "d_v", "d_g", "d_beta", "d_s0")]
+                 "d_s_final", "d_q", "d_k", "d_v", "d_g", "d_beta", "d_s0")] + \
+               [("row_len", ctypes.c_int64)]
 
 
 def load_k3rt(dirs):
