@@ -57,7 +57,9 @@ static void record_failure(const char *fmt, ...)
 
 static void expect_no_failures(void)
 {
-    ck_assert_msg(n_failed == 0, "%d checks failed; the first: %s", n_failed, first_failure);
+    int n = n_failed;
+    n_failed = 0; /* each test reports its own */
+    ck_assert_msg(n == 0, "%d checks failed; the first: %s", n, first_failure);
 }
 
 /* rms(ref - got) / rms(ref), 0 when max |ref - got| <= 1e-6 (fla's assert_close); INFINITY when
@@ -498,12 +500,18 @@ static void documents_case(const lcase *c)
 
 START_TEST(cpu_documents)
 {
+    n_failed = 0;
     /* B = 2, T = 13: row 0 = 5 + 8 tokens, row 1 = 1 + 6 + 6; chunk 4 on the CPU */
     lcase a = {2, 4, 6, 4, 3, 0, 16, 2, 13, 1, 1, 5, {5, 8, 1, 6, 6}, 1};
     /* one row of three documents, low-rank output gate, no state, no prefix */
     lcase b = {1, 1, 8, 3, -1, 4, 12, 1, 20, 0, 0, 3, {2, 9, 9}, 1};
+    /* the CUDA checks' multi-document shapes: documents of several chunks (chunk 32) */
+    lcase c3 = {3, 3, 32, 3, 0, 0, 48, 2, 100, 1, 1, 3, {37, 63, 100}, 1};
+    lcase c7 = {8, 8, 64, 4, -1, 0, 128, 1, 300, 1, 1, 7, {1, 63, 2, 65, 128, 7, 34}, 1};
     documents_case(&a);
     documents_case(&b);
+    documents_case(&c3);
+    documents_case(&c7);
     expect_no_failures();
 }
 END_TEST
@@ -608,6 +616,7 @@ static void gpu_case(const lcase *c, int dtype, int determinism)
 
 START_TEST(cuda_vs_cpu)
 {
+    n_failed = 0;
     ck_assert_msg(tu_plugin("kda")->desc.caps & K3RT_CAP_CUDA,
                   "kda does not declare K3RT_CAP_CUDA in this CUDA build");
     /* H HV D W rf rg d B T state prefix docs lens summary */
@@ -635,6 +644,7 @@ END_TEST
 /* cp_compose on CUDA against the CPU, outputs aliasing the first map (a running fold). */
 START_TEST(cuda_compose)
 {
+    n_failed = 0;
     k3rt_error err = {0};
     const lcase c = {2, 2, 64, 4, -1, 0, 32, 3, 4, 0, 0, 0, {0}, 0};
     rig rc, rg;
@@ -683,6 +693,7 @@ END_TEST
  * max_documents are refused at the call. */
 START_TEST(cuda_refuses)
 {
+    n_failed = 0;
     k3rt_error err = {0};
     k3rt_create_args a;
     memset(&a, 0, sizeof a);
