@@ -14,6 +14,14 @@ gradients (both bf16, so ~1e-2 is agreement), and with --profile the time of eac
 
   python3 scripts/bench/kda_gpu.py [--lib DIR]... [--runs R] [--warmup W] [--shape B,T,H,D]...
                                    [--json OUT.json] [--profile]
+  python3 scripts/bench/kda_gpu.py --layer BIN --plugin SO [--layer-shape B,T]... [--no-fla]
+
+--layer times the whole layer instead: k3rt's plugin through the driver BIN (bench_kda_layer,
+plugins/attention/kda/cuda/bench_layer.c: the host's rig, CUDA events, the median) against
+fla's KimiDeltaAttention configured like K3-mini's KDA layers (d_model 1024, 8 heads x 128,
+conv 4, safe gate with lower bound -5, full-rank output gate: fla's low-rank g_proj replaced by
+one bias-free [1024 -> 1024] linear), bf16, training mode; forward alone (no autograd graph) and
+forward + backward (every input and parameter gradient). Default shape B8 T4096.
 
 --lib names the folders holding libk3rt_kda_cuda_bench.so, libk3rt.so.1 and the libraries they
 need that the image lacks (liblua5.4, libjansson, OpenBLAS and its Fortran runtime); they are
@@ -44,7 +52,8 @@ class Args(ctypes.Structure):
                 ("n_docs", ctypes.c_int64)] + \
                [(n, ctypes.c_void_p) for n in
                 ("q", "k", "v", "g", "beta", "s0", "o", "s_final", "saved", "workspace", "d_o",
-                 "d_s_final", "d_q", "d_k", "d_v", "d_g", "d_beta", "d_s0")]
+                 "d_s_final", "d_q", "d_k", "d_v", "d_g", "d_beta", "d_s0")] + \
+               [("row_len", ctypes.c_int64)]
 
 
 def load_k3rt(dirs):
@@ -151,6 +160,74 @@ def inputs(B, T, H, D, seed=0):
     return q, k, v, g, beta, do
 
 
+K3_MINI = {"d": 1024, "heads": 8, "head_dim": 128, "conv": 4, "lb": -5.0}
+
+
+def layer_bench(a):
+    """The whole layer: k3rt's plugin (driver) vs fla's KimiDeltaAttention, K3-mini's shape."""
+    import subprocess
+    c = K3_MINI
+    cfg = json.dumps({"heads": c["heads"], "head_dim": c["head_dim"], "conv_width": c["conv"],
+                      "lower_bound": c["lb"], "gate_rank": 0})
+    shapes = [tuple(int(x) for x in s.split(",")) for s in a.layer_shape] or [(8, 4096)]
+    rows = []
+    env = dict(os.environ)
+    if os.environ.get("K3RT_BENCH_LD_LIBRARY_PATH"):
+        env["LD_LIBRARY_PATH"] = os.environ["K3RT_BENCH_LD_LIBRARY_PATH"]
+    for (B, T) in shapes:
+        cmd = [a.layer, "--plugin", a.plugin, "--config", cfg, "--batch", str(B), "--seq", str(T),
+               "--d-model", str(c["d"]), "--dtype", "bf16", "--runs", str(a.runs),
+               "--warmup", str(a.warmup)]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if p.returncode != 0:
+            sys.exit(f"bench_kda_layer failed ({p.returncode}): {p.stderr.strip()}")
+        r = {"B": B, "T": T, **{"k3rt_" + k: v for k, v in json.loads(p.stdout).items()}}
+        print(f"B{B} T{T}: k3rt layer fwd {r['k3rt_fwd_ms']:.3f} ms, f+b "
+              f"{r['k3rt_fwdbwd_ms']:.3f} ms (saved {r['k3rt_saved_bytes'] / 2**20:.0f} MiB, "
+              f"workspace {r['k3rt_workspace_bytes'] / 2**20:.0f} MiB)", flush=True)
+        rows.append(r)
+    if not a.no_fla:
+        import torch.nn as nn
+        from fla.layers.kda import KimiDeltaAttention
+        for r in rows:
+            B, T = r["B"], r["T"]
+            torch.manual_seed(0)
+            layer = KimiDeltaAttention(hidden_size=c["d"], head_dim=c["head_dim"],
+                                       num_heads=c["heads"], safe_gate=True,
+                                       lower_bound=c["lb"], conv_size=c["conv"])
+            layer.g_proj = nn.Linear(c["d"], c["heads"] * c["head_dim"], bias=False)
+            layer = layer.to(device="cuda", dtype=BF).train()
+            x = torch.randn(B, T, c["d"], device="cuda", dtype=BF, requires_grad=True)
+            do = torch.randn(B, T, c["d"], device="cuda", dtype=BF)
+            params = [x] + [p for p in layer.parameters()]
+
+            def fla_fwd():
+                with torch.no_grad():
+                    return layer(x)[0]
+
+            def fla_fwdbwd():
+                o = layer(x)[0]
+                return torch.autograd.grad(o, params, do)
+
+            t0 = time.time()
+            fla_fwdbwd()  # autotuning: minutes on the first call
+            fla_fwd()
+            torch.cuda.synchronize()
+            r["fla_warmup_s"] = time.time() - t0
+            r["fla_fwd_ms"] = median_ms(fla_fwd, a.runs, a.warmup)
+            r["fla_fwdbwd_ms"] = median_ms(fla_fwdbwd, a.runs, a.warmup)
+            r["ratio_fwd"] = r["fla_fwd_ms"] / r["k3rt_fwd_ms"]
+            r["ratio_fwdbwd"] = r["fla_fwdbwd_ms"] / r["k3rt_fwdbwd_ms"]
+            print(f"B{B} T{T}: fla layer fwd {r['fla_fwd_ms']:.3f} ms, f+b "
+                  f"{r['fla_fwdbwd_ms']:.3f} ms (warm-up {r['fla_warmup_s']:.0f} s); ratio fwd "
+                  f"{r['ratio_fwd']:.2f}, f+b {r['ratio_fwdbwd']:.2f}", flush=True)
+            del layer, x, do, params
+            torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
@@ -162,7 +239,13 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-fla", action="store_true", help="time k3rt alone")
+    ap.add_argument("--layer", default=None, help="bench_kda_layer: time the whole layer")
+    ap.add_argument("--plugin", default=None, help="libk3rt_kda.so (with --layer)")
+    ap.add_argument("--layer-shape", action="append", default=[])
     a = ap.parse_args()
+    if a.layer:
+        print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
+        return layer_bench(a)
     dirs = a.lib or [os.path.join(root, "build-cuda", "lib")]
     lib = load_k3rt(dirs)
     shapes = [tuple(int(x) for x in s.split(",")) for s in a.shape] or \

@@ -181,7 +181,14 @@ START_TEST(test_buffers_checked)
     REFUSED(rig_forward(&r, &f, &err), err, "x_prefix", "expected f32 [2, 3, 16]");
     f.x_prefix.shape[1] = 3;
     TU_OK(rig_forward(&r, &f, &err), err);
-    /* documents for a mixer that does not declare them */
+    rig_destroy(&r);
+    /* documents for a mixer that does not declare them (mla) */
+    cfg = json_pack("{s:i}", "heads", 2);
+    TU_OK(rig_create(&r, tu_plugin("mla"), cfg, &a, "layers.1.mixer", &err), err);
+    json_decref(cfg);
+    TU_OK(rig_alloc_params(&r, &err), err);
+    TU_OK(rig_alloc_shape(&r, 2, 8, 0, &err), err);
+    f.x_prefix = (k3rt_tensor){0};
     int32_t docs[3] = {0, 8, 16};
     f.doc_offsets = k3rt_tensor_view(docs, K3RT_I32, K3RT_DEVICE_CPU, 1, 3, 0, 0, 0);
     REFUSED(rig_forward(&r, &f, &err), err, "K3RT_CAP_DOCUMENTS");
@@ -238,9 +245,11 @@ START_TEST(test_caps_refused)
     k3rt_stream *s = tu_cpu_stream(1);
     rig r;
     k3rt_create_args a = make_args(K3RT_F32, 0, 16, 1, s);
-    json_t *cfg = json_pack("{s:i,s:i}", "heads", 2, "head_dim", 8);
-    REFUSED(rig_create(&r, tu_plugin("kda"), cfg, &a, "layers.2.mixer", &err), err,
-            "layers.2.mixer (kda)", "no CUDA implementation", "cuda:0");
+    json_t *cfg = json_pack("{}");  /* latent_moe has no CUDA path */
+    REFUSED(rig_create(&r, tu_plugin("latent_moe"), cfg, &a, "layers.2.ffn", &err), err,
+            "layers.2.ffn (latent_moe)", "no CUDA implementation", "cuda:0");
+    json_decref(cfg);
+    cfg = json_pack("{s:i,s:i}", "heads", 2, "head_dim", 8);
     a = make_args(K3RT_BF16, K3RT_DEVICE_CPU, 16, 1, s);
     REFUSED(rig_create(&r, tu_plugin("kda"), cfg, &a, "layers.2.mixer", &err), err,
             "cannot compute in bf16 on the CPU");

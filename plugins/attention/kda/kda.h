@@ -61,11 +61,44 @@ typedef struct kda {
     int64_t C;          /* chunk size (recurrent: checkpoint interval of the saved states) */
     double norm_eps;    /* output RMSNorm epsilon */
     double init_std;
-    int dtype;          /* K3RT_F32 or K3RT_F64 */
+    int dtype;          /* CPU: K3RT_F32 or K3RT_F64; CUDA: K3RT_F32 or K3RT_BF16 */
+    int device;         /* K3RT_DEVICE_CPU or a CUDA device */
+    int64_t max_docs;   /* documents per call the saved memory is planned for (0: one a row) */
     int slots;          /* per-thread scratch slots = threads of the create stream */
     int slot[KDA_N_SLOTS];  /* parameter index of each slot, or -1 */
     int n_params;
+    k3rt_stream *stream;    /* the create stream (every call runs on it) */
+    void *compose_ws;       /* CUDA: cp_compose's scratch, compose_bytes, grown on demand */
+    size_t compose_bytes;
 } kda;
+
+/* Documents per call that the saved memory is planned for: max_documents, at least one per
+ * batch row. */
+static inline int64_t kda_doc_cap(const kda *m, int64_t B)
+{
+    return m->max_docs > B ? m->max_docs : B;
+}
+
+/* Packed sequences: the row-local start and end of the document that holds row-local token t
+ * of row b. docs: the doc_offsets (n_docs + 1 rising entries from 0 to B*T, every row start
+ * among them) on the host; NULL means the row is one sequence. */
+static inline void kda_doc_span(const int32_t *docs, int64_t n_docs, int64_t T, int64_t b,
+                                int64_t t, int64_t *start, int64_t *end)
+{
+    if (!docs) {
+        *start = 0, *end = T;
+        return;
+    }
+    int64_t n = b * T + t, lo = 0, hi = n_docs - 1; /* the last document starting at or before n */
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (docs[mid] <= n)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    *start = docs[lo] - b * T, *end = docs[lo + 1] - b * T;
+}
 
 static inline int64_t kda_chunks(int64_t T, int64_t C) { return (T + C - 1) / C; }
 
@@ -93,7 +126,8 @@ typedef struct kda_layout {
     int64_t ga;                /* [N, rg]       output gate down-projection (rg > 0) */
     int64_t G;                 /* [N, Dv]       output gate pre-activation */
     int64_t yg;                /* [N, Dv]       o_proj input */
-    int64_t states;            /* [B, HV, NT, dk, dv] state at every chunk start */
+    int64_t states;            /* [B, HV, NT, dk, dv] state at every chunk start (with
+                                  documents: [HV, NT_j, dk, dv] for each in turn) */
     int64_t saved;             /* total */
     /* workspace of forward, backward and cp_summary */
     int64_t on;                /* [N, Dv]       normed core output */
@@ -130,6 +164,11 @@ typedef struct kda_io {
     const void *ds_out;        /* or NULL (zeros) */
     void *ds_in;               /* or NULL */
     void *saved, *ws;
+    /* Packed sequences: doc_offsets ([n_docs + 1] i32 on the instance's device) or NULL. State
+     * and conv window restart at every document; a row's first document starts from s_in and
+     * x_halo of its row, its last one gives s_out. */
+    const int32_t *docs;
+    int64_t n_docs;
 } kda_io;
 
 /* Internal entry points, per dtype (tensor layouts at the top of this file):
@@ -167,5 +206,16 @@ typedef struct kda_io {
 
 KDA_DECLARE(float, f32)
 KDA_DECLARE(double, f64)
+
+/* The layer on CUDA (cuda.c, built only with CUDA), f32 or bf16: sizes of the saved parts and
+ * the workspace, forward, backward, cp_summary (f32 m, b) and cp_compose (f32, n heads). */
+int kda_gpu_memory(const kda *m, int64_t B, int64_t T, k3rt_memory *out, k3rt_error *err);
+int kda_gpu_saved(const kda *m, int64_t B, int64_t T, k3rt_saved_sink *sink, k3rt_error *err);
+int kda_gpu_forward(const kda *m, const k3rt_fwd_args *a, k3rt_error *err);
+int kda_gpu_backward(const kda *m, const k3rt_bwd_args *a, k3rt_error *err);
+int kda_gpu_summary(const kda *m, const k3rt_fwd_args *a, float *sm, float *sb,
+                    k3rt_error *err);
+int kda_gpu_compose(kda *m, k3rt_stream *s, int64_t n, const float *m1, const float *b1,
+                    const float *m2, const float *b2, float *mo, float *bo, k3rt_error *err);
 
 #endif

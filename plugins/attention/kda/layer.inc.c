@@ -56,7 +56,7 @@ static int SUF(halo_proj)(const kda *m, k3rt_stream *s, const kda_io *io, const 
 static int SUF(layer_prep)(const kda *m, k3rt_stream *s, const kda_io *io, const kda_layout *l,
                            k3rt_error *err)
 {
-    int64_t B = io->B, T = io->T, N = B * T, d = m->d, H = m->H, HV = m->HV;
+    int64_t N = io->B * io->T, d = m->d, H = m->H, HV = m->HV;
     int64_t Dk = H * m->dk, Dv = HV * m->dv, Dg = HV * m->dk;
     REAL *sv = io->saved, *ws = io->ws;
     const REAL *x = io->x;
@@ -66,9 +66,9 @@ static int SUF(layer_prep)(const kda *m, k3rt_stream *s, const kda_io *io, const
     K3RT_TRY(SUF(lin)(s, x, P[KDA_V], sv + l->vp, N, d, Dv, err));
     const REAL *hq, *hk, *hv;
     K3RT_TRY(SUF(halo_proj)(m, s, io, l, ws, &hq, &hk, &hv, err));
-    SUF(conv_fwd)(s, B, T, Dk, m->W, sv + l->qp, hq, P[KDA_QCONV], sv + l->qc);
-    SUF(conv_fwd)(s, B, T, Dk, m->W, sv + l->kp, hk, P[KDA_KCONV], sv + l->kc);
-    SUF(conv_fwd)(s, B, T, Dv, m->W, sv + l->vp, hv, P[KDA_VCONV], sv + l->vc);
+    SUF(conv_fwd)(s, io, Dk, m->W, sv + l->qp, hq, P[KDA_QCONV], sv + l->qc);
+    SUF(conv_fwd)(s, io, Dk, m->W, sv + l->kp, hk, P[KDA_KCONV], sv + l->kc);
+    SUF(conv_fwd)(s, io, Dv, m->W, sv + l->vp, hv, P[KDA_VCONV], sv + l->vc);
     SUF(l2_job) lq = {H, m->dk, sv + l->qc, NULL, NULL, sv + l->qn, sv + l->rq, NULL};
     SUF(l2_job) lk = {H, m->dk, sv + l->kc, NULL, NULL, sv + l->kn, sv + l->rk, NULL};
     SUF(par)(s, N, SUF(l2_fwd_rows), &lq);
@@ -87,6 +87,37 @@ static int SUF(layer_prep)(const kda *m, k3rt_stream *s, const kda_io *io, const
     return k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SIGMOID, sv + l->beta, sv + l->beta, N * HV, err);
 }
 
+/* The recurrence over the sequences of a call: the B rows, or with documents each document
+ * as a sequence of its own (B = 1 at its first token), whose chunk-start states follow the
+ * previous document's in `states`. A row's first document starts from that row's state, its
+ * last one ends in it; the others start from zero and their final state is dropped. */
+typedef struct SUF(core_seq) {
+    kda_dims d;                /* B = 1 and the document's length, or the whole call */
+    int64_t t0, row, states;   /* first token (flattened), its row, offset into states */
+    int first, last;           /* starts / ends its row */
+} SUF(core_seq);
+
+/* How many core calls: the documents, or one call over the B rows. */
+static int64_t SUF(core_seqs)(const kda_io *io)
+{
+    return io->docs ? io->n_docs : 1;
+}
+
+static void SUF(core_seq_at)(const kda *m, const kda_io *io, int64_t i, int64_t *states_at,
+                             SUF(core_seq) *q)
+{
+    q->d = SUF(dims_of)(m, io->B, io->T);
+    q->t0 = 0, q->row = 0, q->states = 0, q->first = q->last = 1;
+    if (!io->docs)
+        return;
+    int64_t t0 = io->docs[i], len = io->docs[i + 1] - t0;
+    q->d.B = 1, q->d.T = len;
+    q->t0 = t0, q->row = t0 / io->T;
+    q->first = t0 % io->T == 0, q->last = (t0 + len) % io->T == 0;
+    q->states = *states_at;
+    *states_at += m->HV * kda_chunks(len, m->C) * m->dk * m->dv;
+}
+
 int SUF(kda_layer_fwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_error *err)
 {
     int64_t B = io->B, T = io->T, N = B * T, d = m->d, HV = m->HV, Dv = HV * m->dv;
@@ -96,10 +127,20 @@ int SUF(kda_layer_fwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
     const REAL *x = io->x;
     const void *const *P = io->params;
     K3RT_TRY(SUF(layer_prep)(m, s, io, &l, err));
-    kda_dims cd = SUF(dims_of)(m, B, T);
-    K3RT_TRY(SUF(kda_core_fwd)(s, m->algorithm, &cd, sv + l.qn, sv + l.kn, sv + l.v, sv + l.g,
-                               sv + l.beta, io->s_in, sv + l.o, sv + l.states, io->s_out,
-                               ws + l.core, l.core_n, err));
+    const int64_t Dk = m->H * m->dk, Dg = HV * m->dk, ns = HV * m->dk * m->dv;
+    const REAL *s_in = io->s_in;
+    REAL *s_out = io->s_out;
+    for (int64_t i = 0, at = 0, n = SUF(core_seqs)(io); i < n; i++) {
+        SUF(core_seq) q;
+        SUF(core_seq_at)(m, io, i, &at, &q);
+        int64_t t = q.t0;
+        K3RT_TRY(SUF(kda_core_fwd)(s, m->algorithm, &q.d, sv + l.qn + t * Dk, sv + l.kn + t * Dk,
+                                   sv + l.v + t * Dv, sv + l.g + t * Dg, sv + l.beta + t * HV,
+                                   q.first && s_in ? s_in + q.row * ns : NULL, sv + l.o + t * Dv,
+                                   sv + l.states + q.states,
+                                   q.last && s_out ? s_out + q.row * ns : NULL, ws + l.core,
+                                   l.core_n, err));
+    }
     K3RT_TRY(k3rt_rmsnorm_fwd(s, KDA_DTYPE, sv + l.o, P[KDA_NORM], ws + l.on, sv + l.rstd,
                               N * HV, m->dv, m->norm_eps, err));
     if (m->rg) {
@@ -120,9 +161,24 @@ int SUF(kda_layer_summary)(const kda *m, k3rt_stream *s, const kda_io *io, REAL 
     kda_layout_make(m, io->B, io->T, m->slots, &l);
     REAL *sv = io->saved, *ws = io->ws;
     K3RT_TRY(SUF(layer_prep)(m, s, io, &l, err));
-    kda_dims cd = SUF(dims_of)(m, io->B, io->T);
-    return SUF(kda_core_summary)(s, &cd, sv + l.qn, sv + l.kn, sv + l.v, sv + l.g, sv + l.beta,
-                                 sm, sb, ws + l.core, l.core_n, err);
+    const int64_t HV = m->HV, Dk = m->H * m->dk, Dv = HV * m->dv, Dg = HV * m->dk;
+    const int64_t nm = HV * m->dk * m->dk, nb = HV * m->dk * m->dv;
+    /* With documents a row's map is its last document's; S_in reaches it only when that
+     * document starts the row too (else M = 0). */
+    for (int64_t i = 0, at = 0, n = SUF(core_seqs)(io); i < n; i++) {
+        SUF(core_seq) q;
+        SUF(core_seq_at)(m, io, i, &at, &q);
+        if (!q.last)
+            continue;
+        int64_t t = q.t0;
+        K3RT_TRY(SUF(kda_core_summary)(s, &q.d, sv + l.qn + t * Dk, sv + l.kn + t * Dk,
+                                       sv + l.v + t * Dv, sv + l.g + t * Dg,
+                                       sv + l.beta + t * HV, sm + q.row * nm, sb + q.row * nb,
+                                       ws + l.core, l.core_n, err));
+        if (!q.first)
+            memset(sm + q.row * nm, 0, (size_t)nm * sizeof(REAL));
+    }
+    return K3RT_OK;
 }
 
 /* One of q, k, v from the gradient of its conv output: conv backward (+ halo), then the
@@ -131,14 +187,14 @@ static int SUF(qkv_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, const kd
                         const REAL *u, const REAL *halo, int wslot, int cslot, int64_t D,
                         const REAL *dz, int first, k3rt_error *err)
 {
-    int64_t B = io->B, T = io->T, N = B * T, nh = B * (m->W - 1);
+    int64_t N = io->B * io->T, nh = io->B * (m->W - 1);
     REAL *ws = io->ws, *dp = ws + l->dp, *dh = ws + l->dhalo;
-    int halo_grad = halo && io->dx_halo;
-    SUF(conv_bwd)(s, B, T, D, m->W, u, halo, io->params[cslot], dz, dp, halo_grad ? dh : NULL,
+    SUF(conv_bwd)(s, io, D, m->W, u, halo, io->params[cslot], dz, dp, halo ? dh : NULL,
                   io->grads[cslot]);
     K3RT_TRY(SUF(lin_bwd)(s, io->x, io->params[wslot], dp, io->dx, io->grads[wslot], N, m->d, D,
                           1, err));
-    if (halo_grad)
+    /* the halo rows' projection is this span's: its weight gradient too, asked for or not */
+    if (halo)
         K3RT_TRY(SUF(lin_bwd)(s, io->x_halo, io->params[wslot], dh, io->dx_halo,
                               io->grads[wslot], nh, m->d, D, !first, err));
     return K3RT_OK;
@@ -177,10 +233,21 @@ int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
     /* the recurrence */
     REAL *dq = ws + l.dq, *dk = ws + l.dk, *dv = ws + l.dvv, *dg = ws + l.dg;
     REAL *dbeta = ws + l.dbeta;
-    kda_dims cd = SUF(dims_of)(m, B, T);
-    K3RT_TRY(SUF(kda_core_bwd)(s, m->algorithm, &cd, sv + l.qn, sv + l.kn, sv + l.v, sv + l.g,
-                               sv + l.beta, sv + l.states, d1, io->ds_out, dq, dk, dv, dg, dbeta,
-                               io->ds_in, ws + l.core, l.core_n, err));
+    const int64_t ns = HV * m->dk * m->dv;
+    const REAL *ds_out = io->ds_out;
+    REAL *ds_in = io->ds_in;
+    for (int64_t i = 0, at = 0, n = SUF(core_seqs)(io); i < n; i++) {
+        SUF(core_seq) q;
+        SUF(core_seq_at)(m, io, i, &at, &q);
+        int64_t t = q.t0;
+        K3RT_TRY(SUF(kda_core_bwd)(s, m->algorithm, &q.d, sv + l.qn + t * Dk, sv + l.kn + t * Dk,
+                                   sv + l.v + t * Dv, sv + l.g + t * Dg, sv + l.beta + t * HV,
+                                   sv + l.states + q.states, d1 + t * Dv,
+                                   q.last && ds_out ? ds_out + q.row * ns : NULL, dq + t * Dk,
+                                   dk + t * Dk, dv + t * Dv, dg + t * Dg, dbeta + t * HV,
+                                   q.first && ds_in ? ds_in + q.row * ns : NULL, ws + l.core,
+                                   l.core_n, err));
+    }
     /* forget gate: dg -> dz (in place), dA_log, ddt_bias; then its projections */
     SUF(gate_job) gj = {m, N, P[KDA_ALOG], NULL, dg, sv + l.z, NULL, dg, Gr[KDA_DTB],
                         ws + l.dac};

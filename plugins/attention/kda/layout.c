@@ -37,7 +37,9 @@ void kda_layout_make(const kda *m, int64_t B, int64_t T, int slots, kda_layout *
     l->ga = take(&at, N * m->rg);
     l->G = take(&at, N * Dv);
     l->yg = take(&at, N * Dv);
-    l->states = take(&at, B * HV * kda_chunks(T, m->C) * m->dk * m->dv);
+    /* with documents, each one beyond the first of its row may start one more chunk */
+    int64_t chunks = B * kda_chunks(T, m->C) + kda_doc_cap(m, B) - B;
+    l->states = take(&at, chunks * HV * m->dk * m->dv);
     l->saved = at;
 
     at = 0;

@@ -4,19 +4,24 @@
  * gradients, which are parallel over channels so every sum has one owner (deterministic). */
 
 /* ---- causal depthwise conv ---------------------------------------------------------------- */
-/* z[b,t,c] = sum_j w[c,j] u[b, t-W+1+j, c]; rows before the span come from halo [B, W-1, C]
- * (or are zero). u, z: [B, T, C]; w: [C, W]. */
+/* z[b,t,c] = sum_j w[c,j] u[b, t-W+1+j, c] over the tokens of t's document; rows before the
+ * span come from halo [B, W-1, C] (or are zero) for the first document of each row, later
+ * documents start from zeros (docs: kda_io.docs on the host, or NULL). u, z: [B, T, C];
+ * w: [C, W]. */
 typedef struct SUF(conv_job) {
     int64_t B, T, C, W;
     const REAL *u, *halo, *w, *dz;
     REAL *z, *du, *dhalo, *dw;
+    const int32_t *docs;
+    int64_t n_docs;
 } SUF(conv_job);
 
-static const REAL *SUF(conv_src)(const SUF(conv_job) *j, int64_t b, int64_t tau)
+/* Row-local input token tau as seen by an output token whose document starts at s. */
+static const REAL *SUF(conv_src)(const SUF(conv_job) *j, int64_t b, int64_t tau, int64_t s)
 {
-    if (tau >= 0)
+    if (tau >= s)
         return j->u + (b * j->T + tau) * j->C;
-    return j->halo ? j->halo + (b * (j->W - 1) + j->W - 1 + tau) * j->C : NULL;
+    return j->halo && s == 0 ? j->halo + (b * (j->W - 1) + j->W - 1 + tau) * j->C : NULL;
 }
 
 static void SUF(conv_fwd_rows)(void *ctx, int64_t begin, int64_t end)
@@ -24,11 +29,12 @@ static void SUF(conv_fwd_rows)(void *ctx, int64_t begin, int64_t end)
     const SUF(conv_job) *j = ctx;
     int64_t C = j->C, W = j->W;
     for (int64_t row = begin; row < end; row++) {
-        int64_t b = row / j->T, t = row % j->T;
+        int64_t b = row / j->T, t = row % j->T, s, e;
+        kda_doc_span(j->docs, j->n_docs, j->T, b, t, &s, &e);
         REAL *z = j->z + row * C;
         memset(z, 0, (size_t)C * sizeof(REAL));
         for (int64_t k = 0; k < W; k++) {
-            const REAL *src = SUF(conv_src)(j, b, t - W + 1 + k);
+            const REAL *src = SUF(conv_src)(j, b, t - W + 1 + k, s);
             if (src)
                 for (int64_t c = 0; c < C; c++)
                     z[c] += j->w[c * W + k] * src[c];
@@ -36,21 +42,23 @@ static void SUF(conv_fwd_rows)(void *ctx, int64_t begin, int64_t end)
     }
 }
 
-/* du[tau] = sum_k w[., k] dz[tau + W-1-k]; rows tau < 0 go to dhalo. */
+/* du[tau] = sum_k w[., k] dz[tau + W-1-k] over the outputs of tau's document; rows tau < 0
+ * go to dhalo (outputs of the row's first document). */
 static void SUF(conv_bwd_rows)(void *ctx, int64_t begin, int64_t end)
 {
     const SUF(conv_job) *j = ctx;
     int64_t C = j->C, W = j->W, T = j->T, Th = T + W - 1;
     for (int64_t row = begin; row < end; row++) { /* row = b*(T+W-1) + (tau + W-1) */
-        int64_t b = row / Th, tau = row % Th - (W - 1);
+        int64_t b = row / Th, tau = row % Th - (W - 1), s, e;
         REAL *du = tau >= 0 ? j->du + (b * T + tau) * C
                             : j->dhalo ? j->dhalo + (b * (W - 1) + W - 1 + tau) * C : NULL;
         if (!du)
             continue;
+        kda_doc_span(j->docs, j->n_docs, T, b, tau > 0 ? tau : 0, &s, &e);
         memset(du, 0, (size_t)C * sizeof(REAL));
         for (int64_t k = 0; k < W; k++) {
             int64_t t = tau + W - 1 - k;
-            if (t < 0 || t >= T)
+            if (t < 0 || t >= e)
                 continue;
             const REAL *dz = j->dz + (b * T + t) * C;
             for (int64_t c = 0; c < C; c++)
@@ -65,9 +73,11 @@ static void SUF(conv_dw_channels)(void *ctx, int64_t begin, int64_t end)
     int64_t C = j->C, W = j->W;
     for (int64_t b = 0; b < j->B; b++)
         for (int64_t t = 0; t < j->T; t++) {
+            int64_t s, e;
+            kda_doc_span(j->docs, j->n_docs, j->T, b, t, &s, &e);
             const REAL *dz = j->dz + (b * j->T + t) * C;
             for (int64_t k = 0; k < W; k++) {
-                const REAL *src = SUF(conv_src)(j, b, t - W + 1 + k);
+                const REAL *src = SUF(conv_src)(j, b, t - W + 1 + k, s);
                 if (src)
                     for (int64_t c = begin; c < end; c++)
                         j->dw[c * W + k] += src[c] * dz[c];
@@ -75,20 +85,22 @@ static void SUF(conv_dw_channels)(void *ctx, int64_t begin, int64_t end)
         }
 }
 
-static void SUF(conv_fwd)(k3rt_stream *s, int64_t B, int64_t T, int64_t C, int64_t W,
-                          const REAL *u, const REAL *halo, const REAL *w, REAL *z)
+static void SUF(conv_fwd)(k3rt_stream *s, const kda_io *io, int64_t C, int64_t W, const REAL *u,
+                          const REAL *halo, const REAL *w, REAL *z)
 {
-    SUF(conv_job) j = {B, T, C, W, u, halo, w, NULL, z, NULL, NULL, NULL};
-    SUF(par)(s, B * T, SUF(conv_fwd_rows), &j);
+    SUF(conv_job) j = {io->B, io->T, C, W, u, halo, w, NULL, z, NULL, NULL, NULL,
+                       io->docs, io->n_docs};
+    SUF(par)(s, io->B * io->T, SUF(conv_fwd_rows), &j);
 }
 
 /* du overwritten, dhalo overwritten when given, dw accumulated. */
-static void SUF(conv_bwd)(k3rt_stream *s, int64_t B, int64_t T, int64_t C, int64_t W,
-                          const REAL *u, const REAL *halo, const REAL *w, const REAL *dz,
-                          REAL *du, REAL *dhalo, REAL *dw)
+static void SUF(conv_bwd)(k3rt_stream *s, const kda_io *io, int64_t C, int64_t W, const REAL *u,
+                          const REAL *halo, const REAL *w, const REAL *dz, REAL *du, REAL *dhalo,
+                          REAL *dw)
 {
-    SUF(conv_job) j = {B, T, C, W, u, halo, w, dz, NULL, du, halo ? dhalo : NULL, dw};
-    SUF(par)(s, B * (T + W - 1), SUF(conv_bwd_rows), &j);
+    SUF(conv_job) j = {io->B, io->T, C, W, u, halo, w, dz, NULL, du, halo ? dhalo : NULL, dw,
+                       io->docs, io->n_docs};
+    SUF(par)(s, io->B * (io->T + W - 1), SUF(conv_bwd_rows), &j);
     k3rt_parallel_for(s, C, 8, SUF(conv_dw_channels), &j);
 }
 

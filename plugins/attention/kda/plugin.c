@@ -9,7 +9,15 @@
  * Context parallelism: cp_summary gives the affine map (M, B) of a span and cp_compose chains
  * them. The short conv also needs the W-1 layer inputs that precede a span (its halo):
  * context() asks for them, and forward, backward and cp_summary take them as x_prefix (with
- * d_x_prefix in the backward); a span without one starts its sequence. */
+ * d_x_prefix in the backward); a span without one starts its sequence.
+ *
+ * Packed sequences (doc_offsets): the state and the conv window restart at every document; a
+ * row's first document continues from the row's state_in and x_prefix, its last one gives
+ * state_out (and the row's summary). Saved memory is planned for max_documents per call.
+ *
+ * Devices: the CPU in f32 and f64 (the kernels of layer.inc.c and the recurrence), CUDA in f32
+ * and bf16 (cuda.c) in a build with CUDA; the CUDA path needs the safe gate and
+ * dk = dv in {32, 64, 128}, which create() checks. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +55,10 @@ static const k3rt_option kda_options[] = {
     {"norm_eps", K3RT_OPT_FLOAT, 0, "1e-5", 0, 1, NULL, "epsilon of the per-head output RMSNorm"},
     {"init_std", K3RT_OPT_FLOAT, 0, "0.02", 0, 100, NULL,
      "std of the normal init of projections and conv filters"},
+    {"max_documents", K3RT_OPT_INT, K3RT_OPT_NULLABLE, "null", 1, 1 << 30, NULL,
+     "packed sequences (doc_offsets): the most documents in one call that the saved memory is "
+     "planned for, each beyond one per batch row costing one chunk of saved state per value "
+     "head; a call with more is refused; none means one per batch row"},
 };
 #define KDA_N_OPTIONS ((uint32_t)(sizeof kda_options / sizeof kda_options[0]))
 
@@ -208,7 +220,10 @@ static int kda_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     k.C = k3rt_cfg_int(c, "chunk_size");
     k.norm_eps = k3rt_cfg_float(c, "norm_eps");
     k.init_std = k3rt_cfg_float(c, "init_std");
+    k.max_docs = cfg_int_or(c, "max_documents", 0);
     k.dtype = a->dtype;
+    k.device = a->device;
+    k.stream = a->stream;
     k.slots = a->stream ? k3rt_stream_threads(a->stream) : 1;
     if (k.HV % k.H)
         return k3rt_fail(err, K3RT_ERR_INVALID,
@@ -219,6 +234,23 @@ static int kda_create(const k3rt_create_args *a, void **self, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_INVALID,
                          "kda: lower_bound must be < 0 (a log retention), got %g; use none "
                          "for the unbounded softplus gate", k.lb);
+    if (k.device != K3RT_DEVICE_CPU) {
+        /* what the CUDA kernels take (cuda/kda_cuda.h): the chunk products factor the decay
+         * inside 16-token sub-chunks, bounded only under the safe gate */
+        if (!k.has_lb)
+            return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
+                             "kda: lower_bound = none (the unbounded softplus gate) has no CUDA "
+                             "path: on CUDA lower_bound must be in [-5, 0)");
+        if (k.dk != k.dv)
+            return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
+                             "kda: head_dim_k = %lld and head_dim_v = %lld: on CUDA the key and "
+                             "value head widths must be equal (32, 64 or 128)",
+                             (long long)k.dk, (long long)k.dv);
+        if (k.dk != 32 && k.dk != 64 && k.dk != 128)
+            return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
+                             "kda: head_dim = %lld has no CUDA path: on CUDA head_dim (dk = dv) "
+                             "must be 32, 64 or 128", (long long)k.dk);
+    }
     kda *m = malloc(sizeof *m);
     if (!m)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "kda: out of memory");
@@ -229,7 +261,13 @@ static int kda_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     return K3RT_OK;
 }
 
-static void kda_destroy(void *self) { free(self); }
+static void kda_destroy(void *self)
+{
+    kda *m = self;
+    if (m && m->compose_ws)
+        k3rt_free(m->device, m->compose_ws);
+    free(m);
+}
 
 /* Matrix products (multiply-add = 2): projections, convs and the recurrence (kda_core_flops);
  * norms, gates and activations are not counted. A backward product costs twice its forward
@@ -258,6 +296,12 @@ static int kda_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
     const kda *m = self;
     if (batch < 0 || seq < 0)
         return K3RT_ERR_INVALID;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (m->device != K3RT_DEVICE_CPU) {
+        k3rt_error e;
+        return kda_gpu_memory(m, batch, seq, out, &e);
+    }
+#endif
     kda_layout l;
     kda_layout_make(m, batch, seq, m->slots, &l);
     int64_t es = (int64_t)k3rt_dtype_size(m->dtype);
@@ -267,17 +311,36 @@ static int kda_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
     return K3RT_OK;
 }
 
+/* The saved activations: on the CPU one block (kda_layout), on CUDA one part per tensor. */
+static int kda_saved(void *self, int64_t batch, int64_t seq, k3rt_saved_sink *sink,
+                     k3rt_error *err)
+{
+    const kda *m = self;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (m->device != K3RT_DEVICE_CPU)
+        return kda_gpu_saved(m, batch, seq, sink, err);
+#endif
+    kda_layout l;
+    kda_layout_make(m, batch, seq, m->slots, &l);
+    k3rt_saved_decl d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.name = "activations";
+    d.bytes = l.saved * (int64_t)k3rt_dtype_size(m->dtype);
+    d.dtype = m->dtype;
+    return k3rt_saved_sink_add(sink, &d, err);
+}
+
 /* ---- attention calls ---------------------------------------------------------------------- */
 
 static int kda_state_layout(void *self, int64_t batch, k3rt_state_layout *out, k3rt_error *err)
 {
     (void)err;
     const kda *m = self;
-    out->state = k3rt_tensor_view(NULL, m->dtype, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dv);
-    out->summary_m =
-        k3rt_tensor_view(NULL, m->dtype, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dk);
-    out->summary_b =
-        k3rt_tensor_view(NULL, m->dtype, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dv);
+    int dt = m->device == K3RT_DEVICE_CPU ? m->dtype : K3RT_F32; /* CUDA: f32 state */
+    out->state = k3rt_tensor_view(NULL, dt, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dv);
+    out->summary_m = k3rt_tensor_view(NULL, dt, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dk);
+    out->summary_b = k3rt_tensor_view(NULL, dt, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dv);
     return K3RT_OK;
 }
 
@@ -299,6 +362,18 @@ static void by_slot(const kda *m, const k3rt_tensor *t, const void **out)
 
 static const void *opt_data(const k3rt_tensor *t) { return t->ndim ? t->data : NULL; }
 
+/* doc_offsets within what the saved memory was planned for. */
+static int docs_fit(const kda *m, const k3rt_tensor *docs, int64_t B, k3rt_error *err)
+{
+    if (!docs->ndim || docs->shape[0] - 1 <= kda_doc_cap(m, B))
+        return K3RT_OK;
+    return k3rt_fail(err, K3RT_ERR_INVALID,
+                     "kda: %lld documents in one call, but the saved memory was planned for at "
+                     "most %lld (max_documents, at least one per batch row): raise "
+                     "max_documents", (long long)(docs->shape[0] - 1),
+                     (long long)kda_doc_cap(m, B));
+}
+
 /* The kda_io shared by forward and cp_summary. */
 static void fwd_io(const kda *m, const k3rt_fwd_args *a, kda_io *io)
 {
@@ -308,11 +383,18 @@ static void fwd_io(const kda *m, const k3rt_fwd_args *a, kda_io *io)
     io->x = a->x.data, io->y = a->y.data;
     io->x_halo = opt_data(&a->x_prefix);
     io->saved = a->saved[0], io->ws = a->workspace;
+    io->docs = opt_data(&a->doc_offsets);
+    io->n_docs = a->doc_offsets.ndim ? a->doc_offsets.shape[0] - 1 : 0;
 }
 
 static int kda_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 {
     const kda *m = self;
+    K3RT_TRY(docs_fit(m, &a->doc_offsets, a->batch, err));
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (m->device != K3RT_DEVICE_CPU)
+        return kda_gpu_forward(m, a, err);
+#endif
     kda_io io;
     fwd_io(m, a, &io);
     io.s_in = opt_data(&a->state_in);
@@ -324,6 +406,11 @@ static int kda_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 static int kda_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
 {
     const kda *m = self;
+    K3RT_TRY(docs_fit(m, &a->doc_offsets, a->batch, err));
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (m->device != K3RT_DEVICE_CPU)
+        return kda_gpu_backward(m, a, err);
+#endif
     kda_io io;
     memset(&io, 0, sizeof io);
     by_slot(m, a->params, io.params);
@@ -338,6 +425,8 @@ static int kda_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
     io.x_halo = opt_data(&a->x_prefix);
     io.dx_halo = (void *)opt_data(&a->d_x_prefix);
     io.saved = a->saved[0], io.ws = a->workspace;
+    io.docs = opt_data(&a->doc_offsets);
+    io.n_docs = a->doc_offsets.ndim ? a->doc_offsets.shape[0] - 1 : 0;
     return m->dtype == K3RT_F32 ? kda_layer_bwd_f32(m, a->stream, &io, err)
                                 : kda_layer_bwd_f64(m, a->stream, &io, err);
 }
@@ -346,6 +435,11 @@ static int kda_cp_summary(void *self, const k3rt_fwd_args *a, k3rt_tensor sm, k3
                           k3rt_error *err)
 {
     const kda *m = self;
+    K3RT_TRY(docs_fit(m, &a->doc_offsets, a->batch, err));
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (m->device != K3RT_DEVICE_CPU)
+        return kda_gpu_summary(m, a, sm.data, sb.data, err);
+#endif
     kda_io io;
     fwd_io(m, a, &io);
     io.y = NULL;
@@ -357,8 +451,13 @@ static int kda_cp_compose(void *self, k3rt_stream *s, k3rt_tensor m1, k3rt_tenso
                           k3rt_tensor m2, k3rt_tensor b2, k3rt_tensor mo, k3rt_tensor bo,
                           k3rt_error *err)
 {
-    const kda *m = self;
+    kda *m = self;
     int64_t n = m1.shape[0] * m->HV;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (m->device != K3RT_DEVICE_CPU)
+        return kda_gpu_compose(m, s, n, m1.data, b1.data, m2.data, b2.data, mo.data, bo.data,
+                               err);
+#endif
     return m->dtype == K3RT_F32
                ? kda_compose_f32(s, n, m->dk, m->dv, m1.data, b1.data, m2.data, b2.data,
                                  mo.data, bo.data, err)
@@ -376,6 +475,7 @@ static const k3rt_instance_vtable kda_instance = {
     .init_param = kda_init_param,
     .flops = kda_flops,
     .memory = kda_memory,
+    .saved = kda_saved,
 };
 
 static const k3rt_attention_vtable kda_vtable = {
@@ -397,8 +497,14 @@ static const k3rt_plugin_descriptor kda_descriptor = {
     .version = "1.0.0",
     .description = "Kimi Delta Attention: gated delta rule with channel-wise forget gate (safe "
                    "lower-bound or softplus), short conv, GVA; chunked and recurrent CPU paths, "
-                   "state in/out, context-parallel summaries",
-    .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+                   "CUDA (f32, bf16), state in/out, packed documents, context-parallel "
+                   "summaries",
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC |
+            K3RT_CAP_DOCUMENTS,
+#else
+    .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC | K3RT_CAP_DOCUMENTS,
+#endif
     .options = kda_options,
     .n_options = KDA_N_OPTIONS,
     .option_size = sizeof(k3rt_option),

@@ -29,7 +29,7 @@ struct Layout {
 int64_t n_chunks(const kda_cuda_args *a)
 {
     int64_t N = a->B * a->T;
-    return a->cu_seqlens ? N / C + a->n_docs : a->B * ((a->T + C - 1) / C);
+    return a->cu_seqlens || a->n_docs > 0 ? N / C + a->n_docs : a->B * ((a->T + C - 1) / C);
 }
 
 // The forward keeps everything the chunk kernels of the backward read (the prep's outputs
@@ -46,8 +46,9 @@ Layout layout(const kda_cuda_args *a)
         off += up(bytes);
         return o;
     };
-    L.map = a->cu_seqlens ? take(NC * sizeof(int4)) : 0;
-    L.cidx = a->cu_seqlens ? take(((size_t)a->n_docs + 1) * 4) : 0;
+    const bool packed = a->cu_seqlens || a->n_docs > 0;
+    L.map = packed ? take(NC * sizeof(int4)) : 0;
+    L.cidx = packed ? take(((size_t)a->n_docs + 1) * 4) : 0;
     const size_t head = off;
     L.Ut = take(ch * D * C * es);
     L.fwd = off;
@@ -98,6 +99,9 @@ int check_sizes(const kda_cuda_args *a, k3rt_error *err)
     if (a->cu_seqlens && (a->B != 1 || a->n_docs < 1))
         return k3rt_fail(err, K3RT_ERR_INVALID, "kda cuda: with cu_seqlens B must be 1 (is %lld) "
                          "and n_docs >= 1 (is %lld)", (long long)a->B, (long long)a->n_docs);
+    if (a->row_len < 0 || (a->row_len > 0 && (a->B * a->T) % a->row_len))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "kda cuda: row_len %lld must be 0 or divide the "
+                         "%lld tokens", (long long)a->row_len, (long long)(a->B * a->T));
     return K3RT_OK;
 }
 
@@ -188,6 +192,7 @@ int setup(cudaStream_t st, const kda_cuda_args *a, Call &c, bool bwd, k3rt_error
     d.seqs.cidx = a->cu_seqlens ? (const int32_t *)(ws + c.L.cidx) : nullptr;
     d.seqs.map = a->cu_seqlens ? (const int4 *)(ws + c.L.map) : nullptr;
     d.seqs.T = a->T, d.seqs.NT = (a->T + C - 1) / C;
+    d.seqs.row_len = a->cu_seqlens ? a->row_len : 0;
     Bufs &b = c.b;
     b.Ut = ws + c.L.Ut;
     b.St = sv + c.L.St, b.Dt = sv + c.L.Dt;

@@ -47,6 +47,7 @@ struct Seqs {
     const int32_t *cidx;   // [n_docs + 1] first chunk of each document (with cu)
     const int4 *map;       // [NC] (doc, t0, n, 0) (with cu); doc < 0 past the last chunk
     int64_t T, NT;         // without cu: tokens per sequence, chunks per sequence
+    int64_t row_len;       // with cu: > 0 when the states are per row of row_len tokens
 };
 
 struct ChunkInfo {
@@ -78,6 +79,26 @@ __device__ __forceinline__ void seq_info(const Seqs &s, int d, int64_t &t0, int6
     } else {
         t0 = (int64_t)d * s.T, len = s.T, c0 = (int64_t)d * s.NT, nch = s.NT;
     }
+}
+
+// The state slot (index into s0 / d_s0, resp. s_final / d_s_final and the summary) that
+// sequence d starts from and ends in: d itself, or with rows (cu and row_len > 0) the row it
+// starts / ends, and -1 for a document that does not start / end a row (it starts from zero;
+// its final state is not asked for).
+__device__ __forceinline__ int64_t slot_in(const Seqs &s, int d)
+{
+    if (!s.cu || s.row_len <= 0)
+        return d;
+    const int64_t t = s.cu[d];
+    return t % s.row_len == 0 ? t / s.row_len : -1;
+}
+
+__device__ __forceinline__ int64_t slot_out(const Seqs &s, int d)
+{
+    if (!s.cu || s.row_len <= 0)
+        return d;
+    const int64_t t = s.cu[d + 1];
+    return t % s.row_len == 0 ? t / s.row_len - 1 : -1;
 }
 
 // ---- PTX primitives ------------------------------------------------------------------------

@@ -95,10 +95,18 @@ typedef struct kda_cuda_args {
     const float *d_s_final;     /* or NULL (zeros) */
     void *d_q, *d_k, *d_v, *d_g, *d_beta;  /* overwritten */
     float *d_s0;                /* or NULL */
+    /* Packed rows: with cu_seqlens and row_len > 0 the N tokens are N / row_len rows of row_len
+     * tokens, every row start a document start (documents non-empty), and s0, s_final, d_s0,
+     * d_s_final and the summary's m, bm are per row ([N / row_len, HV, D, D]): a document that
+     * starts a row starts from that row's s0 (others from zero), one that ends a row gives its
+     * s_final (a summary: its map, M = 0 when the document does not start the row too). 0: per
+     * document, as above. */
+    int64_t row_len;
 } kda_cuda_args;
 
 /* Bytes of `saved` and of `workspace` (for the backward when `backward`, which is the larger),
- * from the sizes and dtype of a (pointers are not read). */
+ * from the sizes and dtype of a (pointers are not read; the packed layout when cu_seqlens is
+ * set or n_docs > 0: a call with fewer documents needs no more). */
 int kda_cuda_saved_bytes(const kda_cuda_args *a, size_t *bytes, k3rt_error *err);
 int kda_cuda_workspace_bytes(const kda_cuda_args *a, int backward, size_t *bytes, k3rt_error *err);
 

@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(NW * 32) state_fwd_tc(StateArgs sa)
     };
 
     float S[NTD][4];
-    const float *s0 = sa.s0 ? sa.s0 + ((int64_t)doc * HV + hv) * D * D : nullptr;
+    const int64_t si = slot_in(sa.seqs, doc), so = slot_out(sa.seqs, doc);
+    const float *s0 = sa.s0 && si >= 0 ? sa.s0 + (si * HV + hv) * D * D : nullptr;
 #pragma unroll
     for (int nt = 0; nt < NTD; nt++)
 #pragma unroll
@@ -190,8 +191,8 @@ __global__ void __launch_bounds__(NW * 32) state_fwd_tc(StateArgs sa)
             }
         __syncthreads();  // the stage is reloaded two chunks on
     }
-    if (sa.s_final) {
-        float *sf = sa.s_final + ((int64_t)doc * HV + hv) * D * D;
+    if (sa.s_final && so >= 0) {
+        float *sf = sa.s_final + (so * HV + hv) * D * D;
 #pragma unroll
         for (int nt = 0; nt < NTD; nt++)
 #pragma unroll
@@ -231,7 +232,8 @@ __global__ void __launch_bounds__(NW * 32) state_bwd_tc(StateArgs sa)
     };
 
     float dS[NTD][4];
-    const float *dsf = sa.d_s_final ? sa.d_s_final + ((int64_t)doc * HV + hv) * D * D : nullptr;
+    const int64_t si = slot_in(sa.seqs, doc), so = slot_out(sa.seqs, doc);
+    const float *dsf = sa.d_s_final && so >= 0 ? sa.d_s_final + (so * HV + hv) * D * D : nullptr;
 #pragma unroll
     for (int nt = 0; nt < NTD; nt++)
 #pragma unroll
@@ -334,8 +336,8 @@ __global__ void __launch_bounds__(NW * 32) state_bwd_tc(StateArgs sa)
             }
         __syncthreads();
     }
-    if (sa.d_s0) {
-        float *o = sa.d_s0 + ((int64_t)doc * HV + hv) * D * D;
+    if (sa.d_s0 && si >= 0) {
+        float *o = sa.d_s0 + (si * HV + hv) * D * D;
 #pragma unroll
         for (int nt = 0; nt < NTD; nt++)
 #pragma unroll
@@ -362,10 +364,11 @@ __global__ void __launch_bounds__(ST) state_fwd_simt(StateArgs sa, float *m_out,
     const int HV = sa.HV, col = blockIdx.z * SV + v;  // state column (of 2D with SUMMARY)
     int64_t t0, len, c0, nch;
     seq_info(sa.seqs, doc, t0, len, c0, nch);
-    const int64_t hh = (int64_t)doc * HV + hv;
-    for (int j = rg; j < D; j += 8)
-        S[j * (SV + 1) + v] = SUMMARY ? (col == j ? 1.0f : 0.0f)
-                                      : (sa.s0 ? sa.s0[(hh * D + j) * D + col] : 0.0f);
+    const int64_t si = slot_in(sa.seqs, doc), so = slot_out(sa.seqs, doc);
+    const int64_t hi = si * HV + hv, ho = so * HV + hv;
+    for (int j = rg; j < D; j += 8)  // a summary's M half starts from I unless the rows reset it
+        S[j * (SV + 1) + v] = SUMMARY ? (col == j && si >= 0 ? 1.0f : 0.0f)
+                                      : (sa.s0 && si >= 0 ? sa.s0[(hi * D + j) * D + col] : 0.0f);
     const E *Wg = (const E *)sa.W, *Qg = (const E *)sa.Qg, *Kg = (const E *)sa.Kb,
             *Ag = (const E *)sa.A, *Ug = (const E *)sa.Ut;
     for (int64_t i = 0; i < nch; i++) {
@@ -405,15 +408,15 @@ __global__ void __launch_bounds__(ST) state_fwd_simt(StateArgs sa, float *m_out,
         }
     }
     __syncthreads();
-    for (int j = rg; j < D; j += 8) {
+    for (int j = rg; j < D && so >= 0; j += 8) {
         float x = S[j * (SV + 1) + v];
         if (SUMMARY) {
             if (col < D)
-                m_out[(hh * D + j) * D + col] = x;
+                m_out[(ho * D + j) * D + col] = x;
             else
-                b_out[(hh * D + j) * D + col - D] = x;
+                b_out[(ho * D + j) * D + col - D] = x;
         } else if (sa.s_final) {
-            sa.s_final[(hh * D + j) * D + col] = x;
+            sa.s_final[(ho * D + j) * D + col] = x;
         }
     }
 }
@@ -427,9 +430,11 @@ __global__ void __launch_bounds__(ST) state_bwd_simt(StateArgs sa)
     const int HV = sa.HV, col = blockIdx.z * SV + v;
     int64_t t0, len, c0, nch;
     seq_info(sa.seqs, doc, t0, len, c0, nch);
-    const int64_t hh = (int64_t)doc * HV + hv;
+    const int64_t si = slot_in(sa.seqs, doc), so = slot_out(sa.seqs, doc);
+    const int64_t hi = si * HV + hv, ho = so * HV + hv;
     for (int j = rg; j < D; j += 8)
-        dS[j * (SV + 1) + v] = sa.d_s_final ? sa.d_s_final[(hh * D + j) * D + col] : 0.0f;
+        dS[j * (SV + 1) + v] =
+            sa.d_s_final && so >= 0 ? sa.d_s_final[(ho * D + j) * D + col] : 0.0f;
     const float *Wg = (const float *)sa.W, *Qg = (const float *)sa.Qg, *Kg = (const float *)sa.Kb,
                 *Ag = (const float *)sa.A, *dO = (const float *)sa.d_o;
     for (int64_t i = nch - 1; i >= 0; i--) {
@@ -460,9 +465,9 @@ __global__ void __launch_bounds__(ST) state_bwd_simt(StateArgs sa)
         }
     }
     __syncthreads();
-    if (sa.d_s0)
+    if (sa.d_s0 && si >= 0)
         for (int j = rg; j < D; j += 8)
-            sa.d_s0[(hh * D + j) * D + col] = dS[j * (SV + 1) + v];
+            sa.d_s0[(hi * D + j) * D + col] = dS[j * (SV + 1) + v];
 }
 
 template <typename K> int allow_smem(K kernel, size_t bytes, const char *name, k3rt_error *err)
