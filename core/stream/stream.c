@@ -38,12 +38,6 @@ void k3rt_stream_destroy(k3rt_stream *s)
 
 int k3rt_stream_device(const k3rt_stream *s) { return s ? s->device : K3RT_DEVICE_CPU; }
 void *k3rt_stream_native(const k3rt_stream *s) { return s ? s->native : NULL; }
-int k3rt_stream_threads(const k3rt_stream *s) { return s && s->threads > 0 ? s->threads : 1; }
-void k3rt_stream_set_threads(k3rt_stream *s, int threads)
-{
-    if (s)
-        s->threads = threads > 0 ? threads : 1;
-}
 
 int k3rt_stream_sync(k3rt_stream *s, k3rt_error *err)
 {

@@ -1,4 +1,6 @@
-/* CPU thread budget and the parallel-for used by ops and plugins. */
+/* CPU thread budget (the default, and each stream's) and the parallel-for used by ops and
+ * plugins. */
+#include <k3rt/host.h>
 #include <k3rt/ops.h>
 #include "backend/backend.h"
 
@@ -20,6 +22,14 @@ int k3rt_cpu_threads(void)
 }
 
 void k3rt_set_cpu_threads(int threads) { g_default_threads = threads > 0 ? threads : 1; }
+
+int k3rt_stream_threads(const k3rt_stream *s) { return s && s->threads > 0 ? s->threads : 1; }
+
+void k3rt_stream_set_threads(k3rt_stream *s, int threads)
+{
+    if (s)
+        s->threads = threads > 0 ? threads : 1;
+}
 
 k3rt_stream *k3rt_host_stream(void)
 {
