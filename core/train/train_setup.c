@@ -7,9 +7,9 @@
 #include "backend/backend.h"
 #include "comm/comm_impl.h"
 #include "train/checkpoint.h"
-#include "backend/backend.h"
 #include "train/peak.h"
 #include "train/train_internal.h"
+#include "util/checked.h"
 #include "util/fs.h"
 #include "util/log.h"
 
@@ -161,6 +161,21 @@ static int read_train_section(run *r, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_INVALID, "train.steps must be >= 1 and optimizer.lr > 0");
     if (r->log_interval < 1)
         r->log_interval = 1;
+    /* Token counts and data cursors are steps x micro_batch x seq_len x grad_accum x dp and
+     * evaluation windows eval_batches x micro_batch: each must fit 64 bits. */
+    int bad = 0;
+    ck_mul(&bad, ck_mul(&bad, ck_mul(&bad, ck_mul(&bad, r->steps, r->B), r->T), r->accum),
+           r->dp);
+    if (bad)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "train.steps = %lld x plan.micro_batch = %lld x "
+                         "plan.seq_len = %lld x plan.grad_accum = %lld x plan.dp = %d tokens: "
+                         "too large (the count does not fit 64 bits)", (long long)r->steps,
+                         (long long)r->B, (long long)r->T, (long long)r->accum, r->dp);
+    ck_mul(&bad, ck_mul(&bad, r->eval_batches, r->B), r->T);
+    if (bad)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "train.eval_batches = %lld x plan.micro_batch = "
+                         "%lld x plan.seq_len = %lld: too large (the count does not fit 64 "
+                         "bits)", (long long)r->eval_batches, (long long)r->B, (long long)r->T);
     r->changes = json_array();
     r->balancer = json_deep_copy(json_object_get(json_object_get(r->doc, "model"), "balancer"));
     return r->changes && r->balancer ? K3RT_OK
