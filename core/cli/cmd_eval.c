@@ -4,23 +4,27 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/plugin_args.h"
 #include "train/ckpt_model.h"
 #include "train/train_internal.h"
 
 int cmd_eval(int argc, char **argv)
 {
-    const char *path = NULL, *plugin_path = NULL;
+    const char *path = NULL;
     long long windows = 0;
-    for (int i = 1; i < argc; i++) {
+    plugin_sources plugins = {0};
+    for (int i = 1, pa; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) {
-            printf("usage: k3rt eval CHECKPOINT [--windows N] [--plugin-path DIRS]\n"
+            printf("usage: k3rt eval CHECKPOINT [--windows N] [--plugin-path DIRS] "
+                   "[--plugin PATH]...\n"
                    "CHECKPOINT is a checkpoint directory or a run's checkpoints directory "
-                   "(the newest complete one is used).\n");
+                   "(the newest complete one is used).\n" CLI_PLUGIN_USAGE);
             return 0;
         } else if (!strcmp(argv[i], "--windows") && i + 1 < argc) {
             windows = atoll(argv[++i]);
-        } else if (!strcmp(argv[i], "--plugin-path") && i + 1 < argc) {
-            plugin_path = argv[++i];
+        } else if ((pa = cli_plugin_arg(argc, argv, &i, &plugins)) != 0) {
+            if (pa < 0)
+                return 2;
         } else if (argv[i][0] != '-' && !path) {
             path = argv[i];
         } else {
@@ -35,7 +39,7 @@ int cmd_eval(int argc, char **argv)
     k3rt_error err = {0};
     ckpt_model c;
     token_stream train = {0}, val = {0};
-    int rc = ckpt_model_open(&c, path, plugin_path, 0, &err);
+    int rc = ckpt_model_open(&c, path, &plugins, 0, &err);
     const json_t *data = rc ? NULL : json_object_get(c.doc, "data");
     const json_t *plan = rc ? NULL : json_object_get(c.doc, "plan");
     if (!rc) {

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/plugin_args.h"
 #include "train/trainer.h"
 #include "util/log.h"
 
@@ -16,7 +17,7 @@ static void usage(FILE *to)
             "  --resume             continue from the newest complete checkpoint in OUT\n"
             "  --out DIR            output directory (default: the recipe's `out`)\n"
             "  --dry-run            print parameters, optimizer rules and memory, then stop\n"
-            "  --plugin-path DIRS   extra plugin directories (':'-separated), searched first\n"
+            CLI_PLUGIN_USAGE
             "  --quiet              no progress lines\n"
             "  --no-sample          skip the text sample at the end\n"
             "  --stop-after STEP    checkpoint and stop after STEP (resume later with --resume)\n");
@@ -29,7 +30,7 @@ int cmd_train(int argc, char **argv)
     const char **sets = calloc((size_t)argc, sizeof *sets);
     if (!sets)
         return 1;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1, pa; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
@@ -45,8 +46,11 @@ int cmd_train(int argc, char **argv)
             o.out_dir = argv[++i];
         } else if (!strcmp(a, "--dry-run")) {
             o.dry_run = 1;
-        } else if (!strcmp(a, "--plugin-path") && i + 1 < argc) {
-            o.plugin_path = argv[++i];
+        } else if ((pa = cli_plugin_arg(argc, argv, &i, &o.plugins)) != 0) {
+            if (pa < 0) {
+                free(sets);
+                return 2;
+            }
         } else if (!strcmp(a, "--quiet")) {
             o.quiet = 1;
             log_set_level(LOG_QUIET);

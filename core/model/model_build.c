@@ -16,7 +16,18 @@ int model_resolve_spec(registry *reg, const json_t *spec, int kind, const char *
         return k3rt_fail(err, K3RT_ERR_INVALID, "%s: expected a plugin spec", where);
     const plugin_entry *e = NULL;
     if (path) {
-        K3RT_TRY(registry_load_file(reg, path, &e, err));
+        /* A spec never loads code: a plugin named by its file is one the command line
+         * (--plugin) or the recipe (k3.plugin) has already loaded. Specs also come from
+         * checkpoint manifests and mid-run changes. */
+        for (int i = 0; i < reg->n && !e; i++)
+            if (!strcmp(reg->entries[i].path, path))
+                e = &reg->entries[i];
+        if (!e)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "%s: plugin '%s' is named by its file %s, "
+                             "which nothing on this command loaded; k3rt loads a plugin file "
+                             "only when the command line (--plugin %s) or the recipe "
+                             "(k3.plugin) names it, never from a checkpoint or a mid-run "
+                             "change", where, name, path, path);
     } else {
         e = registry_find(reg, name, kind);
         if (!e)

@@ -253,6 +253,35 @@ static int manifest_int(const char *path, const json_t *m, const char *key, json
     return K3RT_OK;
 }
 
+/* The folder name (when it is step_N) and the DONE marker must give the manifest's step. */
+static int check_step_names(const char *dir, json_int_t step, k3rt_error *err)
+{
+    char base[CKPT_PATH_MAX], done[CKPT_PATH_MAX];
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    snprintf(base, sizeof base, "%.*s", (int)n, dir);
+    const char *slash = strrchr(base, '/');
+    int64_t named;
+    if (parse_step_name(slash ? slash + 1 : base, &named) && named != step)
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: the folder is named for step %lld but its "
+                         "manifest says step %lld (a renamed or mixed-up checkpoint)", dir,
+                         (long long)named, (long long)step);
+    char *text = NULL;
+    size_t len = 0;
+    k3rt_error ignored = {0};
+    if (fs_read_file(fs_join(done, sizeof done, dir, "DONE"), &text, &len, &ignored))
+        return K3RT_OK; /* completeness is checked where checkpoints are listed */
+    long long marked = -1;
+    int ok = sscanf(text, "step %lld", &marked) == 1 && marked == step;
+    free(text);
+    if (!ok)
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: its DONE marker says step %lld but its "
+                         "manifest says step %lld (a mixed-up checkpoint)", dir, marked,
+                         (long long)step);
+    return K3RT_OK;
+}
+
 static int check_manifest(const char *path, const json_t *m, k3rt_error *err)
 {
     if (!json_is_object(m))
@@ -294,6 +323,8 @@ int ckpt_read_manifest(const char *dir, json_t **out, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_FORMAT, "%s:%d:%d: %s", path, je.line, je.column,
                          je.text);
     int rc = check_manifest(path, m, err);
+    if (!rc)
+        rc = check_step_names(dir, json_integer_value(json_object_get(m, "step")), err);
     if (rc) {
         json_decref(m);
         return rc;

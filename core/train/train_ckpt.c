@@ -7,6 +7,7 @@
 #include "train/safetensors.h"
 #include "train/train_internal.h"
 #include "util/fs.h"
+#include "util/json_diff.h"
 #include "util/log.h"
 
 /* Every module's (and the optimizer's) state tensors under their full names. */
@@ -259,32 +260,6 @@ int ckpt_load_run(rank_ctx *c, k3rt_error *err)
     return K3RT_OK;
 }
 
-/* The first key path where two JSON values differ, into buf; 0 when equal. */
-static int first_difference(const json_t *a, const json_t *b, const char *path, char *buf,
-                            size_t len)
-{
-    if (json_equal(a, b))
-        return 0;
-    if (json_is_object(a) && json_is_object(b)) {
-        const char *k;
-        json_t *v;
-        json_object_foreach((json_t *)a, k, v) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", k);
-            if (first_difference(v, json_object_get(b, k), sub, buf, len))
-                return 1;
-        }
-        json_object_foreach((json_t *)b, k, v) {
-            if (!json_object_get(a, k)) {
-                snprintf(buf, len, "%s%s%s", path, *path ? "." : "", k);
-                return 1;
-            }
-        }
-    }
-    snprintf(buf, len, "%s", path);
-    return 1;
-}
-
 int ckpt_check_compatible(run *r, k3rt_error *err)
 {
     const json_t *old = json_object_get(r->manifest, "config");
@@ -305,7 +280,7 @@ int ckpt_check_compatible(run *r, k3rt_error *err)
     json_object_del(om, "balancer");
     json_object_del(nm, "balancer");
     char where[256];
-    int differs = first_difference(om, nm, "model", where, sizeof where);
+    int differs = json_first_difference(om, nm, "model", where, sizeof where);
     json_decref(om);
     json_decref(nm);
     if (differs)
@@ -318,10 +293,10 @@ int ckpt_check_compatible(run *r, k3rt_error *err)
                          "optimizer %s, this run uses %s", r->resume_dir,
                          json_string_value(json_object_get(oo, "plugin")),
                          json_string_value(json_object_get(no, "plugin")));
-    if (first_difference(json_object_get(old, "train"), json_object_get(r->doc, "train"),
+    if (json_first_difference(json_object_get(old, "train"), json_object_get(r->doc, "train"),
                          "train", where, sizeof where))
         log_info("note: --resume with a changed training setting (%s): allowed", where);
-    if (first_difference(oo, no, "optimizer", where, sizeof where))
+    if (json_first_difference(oo, no, "optimizer", where, sizeof where))
         log_info("note: --resume with a changed optimizer setting (%s): allowed", where);
     return K3RT_OK;
 }

@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "comm/comm_impl.h"
 #include "train/checkpoint.h"
+#include "train/ckpt_manifest.h"
 #include "train/peak.h"
 #include "train/train_internal.h"
 #include "util/checked.h"
@@ -198,6 +199,7 @@ static int prepare_output(run *r, k3rt_error *err)
                              r->ckpt_root);
         K3RT_TRY(rc);
         K3RT_TRY(ckpt_read_manifest(r->resume_dir, &r->manifest, err));
+        K3RT_TRY(ckpt_check_manifest(r->manifest, &r->reg, r->resume_dir, err));
         K3RT_TRY(ckpt_check_compatible(r, err));
         r->start_step = step;
         json_t *changes = json_object_get(r->manifest, "changes");
@@ -224,7 +226,7 @@ int run_setup(run *r, const train_options *o, k3rt_error *err)
     pthread_mutex_init(&r->lock, NULL);
     r->result.final_val_loss = NAN;
     r->result.first_loss = NAN;
-    K3RT_TRY(registry_init(&r->reg, o->plugin_path, err));
+    K3RT_TRY(registry_open(&r->reg, &o->plugins, err));
     K3RT_TRY(recipe_load(o->recipe_path, &r->reg, o->overrides, o->n_overrides, NULL, &r->rec,
                          err));
     r->doc = recipe_json(r->rec);
