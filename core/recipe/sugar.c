@@ -85,8 +85,15 @@ static int k3_plugin(lua_State *L)
         /* One canonical path, so the engine's registry_load_file finds this very entry. */
         if (!realpath(joined, full))
             snprintf(full, sizeof full, "%s", joined);
-        const plugin_entry *e;
-        if (registry_load_file(c->reg, full, &e, &err) != K3RT_OK)
+        const plugin_entry *e = NULL;
+        for (int i = 0; c->frozen && i < c->reg->n && !e; i++)
+            if (!strcmp(c->reg->entries[i].path, full))
+                e = &c->reg->entries[i];
+        if (c->frozen && !e)
+            return luaL_error(L, "k3.plugin: %s is not loaded, and plugin files load only "
+                              "while the recipe loads (its top level and --set), never from "
+                              "on_step mid-run; load it at the top of the recipe", full);
+        if (!e && registry_load_file(c->reg, full, &e, &err) != K3RT_OK)
             return luaL_error(L, "k3.plugin: %s", err.msg);
         char name[64], path[1024];
         snprintf(name, sizeof name, "%s", e->desc.name);
