@@ -8,6 +8,12 @@
 #include "train/ckpt_model.h"
 #include "train/train_internal.h"
 
+static int tok_is_shards(const json_t *data)
+{
+    const char *tok = json_string_value(json_object_get(data, "tokenizer"));
+    return tok && !strcmp(tok, "shards");
+}
+
 int cmd_eval(int argc, char **argv)
 {
     const char *path = NULL;
@@ -43,14 +49,17 @@ int cmd_eval(int argc, char **argv)
     const json_t *data = rc ? NULL : json_object_get(c.doc, "data");
     const json_t *plan = rc ? NULL : json_object_get(c.doc, "plan");
     if (!rc) {
-        const char *tok = json_string_value(json_object_get(data, "tokenizer"));
-        if (tok && !strcmp(tok, "shards"))
+        if (tok_is_shards(data))
             rc = data_load_shard(json_string_value(json_object_get(data, "val")), &val, &err);
         else
             rc = data_load_bytes(json_string_value(json_object_get(data, "path")),
                                  json_number_value(json_object_get(data, "val_fraction")),
                                  &train, &val, &err);
     }
+    if (!rc)
+        rc = data_check_val(&val, json_string_value(json_object_get(data, tok_is_shards(data)
+                                                                              ? "val" : "path")),
+                            &err);
     double acc[2] = {0, 0};
     if (!rc)
         rc = eval_windows(&c.m, &val, json_integer_value(json_object_get(plan, "micro_batch")),
@@ -58,7 +67,7 @@ int cmd_eval(int argc, char **argv)
                           acc, &err);
     if (!rc)
         printf("%s: validation loss %.4f nats/token over %.0f tokens\n", c.dir,
-               acc[1] > 0 ? acc[0] / acc[1] : 0.0, acc[1]);
+               acc[0] / acc[1], acc[1]);
     token_stream_free(&train);
     token_stream_free(&val);
     ckpt_model_close(&c);

@@ -14,7 +14,9 @@ static void usage(FILE *to)
             "usage: k3rt train RECIPE.lua [options]\n"
             "  --set KEY=VALUE      override a recipe value (Lua expression), e.g.\n"
             "                       --set model.ffn.top_k=8 --set optimizer.lr=1e-3\n"
-            "  --resume             continue from the newest complete checkpoint in OUT\n"
+            "  --resume             continue the run in OUT from its newest usable checkpoint\n"
+            "  --force              start afresh in an OUT that holds another run's\n"
+            "                       checkpoints, removing them (refused without it)\n"
             "  --out DIR            output directory (default: the recipe's `out`)\n"
             "  --dry-run            print parameters, optimizer rules and memory, then stop\n"
             CLI_PLUGIN_USAGE
@@ -42,6 +44,8 @@ int cmd_train(int argc, char **argv)
             sets[o.n_overrides++] = a + 6;
         } else if (!strcmp(a, "--resume")) {
             o.resume = 1;
+        } else if (!strcmp(a, "--force")) {
+            o.force = 1;
         } else if (!strcmp(a, "--out") && i + 1 < argc) {
             o.out_dir = argv[++i];
         } else if (!strcmp(a, "--dry-run")) {

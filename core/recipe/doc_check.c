@@ -111,6 +111,15 @@ static int unwrap(unwrap_ctx *c, const json_t *v, const char *at, json_t **out)
     return K3RT_OK;
 }
 
+/* A value the schema refuses makes the document malformed (FORMAT); a plugin it cannot find
+ * stays NOT_FOUND. */
+static int malformed(int rc, k3rt_error *err)
+{
+    if (rc == K3RT_ERR_INVALID && err)
+        err->code = rc = K3RT_ERR_FORMAT;
+    return rc;
+}
+
 /* The schema's result must be the document itself. */
 static int same(const json_t *doc, const json_t *rebuilt, const char *what, k3rt_error *err)
 {
@@ -139,7 +148,7 @@ int doc_check_config(const json_t *doc, registry *reg, k3rt_error *err)
         raw.has_on_step = json_is_true(on_step);
         json_object_del(root, "has_on_step");
         char pos[SANDBOX_POS_MAX]; /* the keys are in the messages already */
-        rc = schema_build(&raw, reg, "manifest", &rebuilt, pos, err);
+        rc = malformed(schema_build(&raw, reg, "manifest", &rebuilt, pos, err), err);
     }
     if (!rc)
         rc = same(doc, rebuilt, "config", err);
@@ -161,7 +170,7 @@ int doc_check_spec(const json_t *spec, int kind, registry *reg, const char *what
     raw.root = opts;
     char pos[SANDBOX_POS_MAX];
     if (!rc)
-        rc = schema_spec(&raw, reg, opts, kind, what, &rebuilt, pos, err);
+        rc = malformed(schema_spec(&raw, reg, opts, kind, what, &rebuilt, pos, err), err);
     if (!rc)
         rc = same(spec, rebuilt, what, err);
     json_decref(rebuilt);

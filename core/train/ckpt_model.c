@@ -5,6 +5,7 @@
 
 #include "train/checkpoint.h"
 #include "train/ckpt_manifest.h"
+#include "train/ckpt_verify.h"
 #include "train/train_internal.h"
 #include "util/fs.h"
 
@@ -17,6 +18,7 @@ int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugi
     c->doc = json_object_get(c->manifest, "config");
     K3RT_TRY(registry_open(&c->reg, plugins, err));
     K3RT_TRY(ckpt_check_manifest(c->manifest, &c->reg, c->dir, err));
+    K3RT_TRY(ckpt_verify(c->dir, c->manifest, err));
     const json_t *mdoc = json_object_get(c->doc, "model");
     K3RT_TRY(k3rt_stream_create(K3RT_DEVICE_CPU, K3RT_STREAM_COMPUTE, &c->stream, err));
     if (threads > 0)

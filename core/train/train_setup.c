@@ -7,7 +7,6 @@
 #include "backend/backend.h"
 #include "comm/comm_impl.h"
 #include "train/checkpoint.h"
-#include "train/ckpt_manifest.h"
 #include "train/peak.h"
 #include "train/train_internal.h"
 #include "util/checked.h"
@@ -129,6 +128,8 @@ static int load_data(run *r, k3rt_error *err)
         K3RT_TRY(data_load_bytes(get_str(data, "path"), get_num(data, "val_fraction"), &r->train,
                                  &r->val, err));
     }
+    const char *val = tok && !strcmp(tok, "shards") ? get_str(data, "val") : get_str(data, "path");
+    K3RT_TRY(data_check_val(&r->val, val, err));
     int64_t vocab = get_int(json_object_get(r->doc, "model"), "vocab");
     int32_t top = r->train.max_token > r->val.max_token ? r->train.max_token : r->val.max_token;
     if (top >= vocab)
@@ -183,42 +184,6 @@ static int read_train_section(run *r, k3rt_error *err)
                                      : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
 }
 
-static int prepare_output(run *r, k3rt_error *err)
-{
-    const char *out = r->opt.out_dir ? r->opt.out_dir : get_str(r->doc, "out");
-    snprintf(r->out, sizeof r->out, "%s", out ? out : "runs/k3rt");
-    fs_join(r->ckpt_root, sizeof r->ckpt_root, r->out, "checkpoints");
-    if (r->opt.dry_run)
-        return K3RT_OK;
-    K3RT_TRY(fs_mkdirs(r->ckpt_root, err));
-    if (r->opt.resume) {
-        int64_t step;
-        int rc = ckpt_latest(r->ckpt_root, &step, r->resume_dir, sizeof r->resume_dir, err);
-        if (rc == K3RT_ERR_NOT_FOUND)
-            return k3rt_fail(err, rc, "--resume: no complete checkpoint under %s",
-                             r->ckpt_root);
-        K3RT_TRY(rc);
-        K3RT_TRY(ckpt_read_manifest(r->resume_dir, &r->manifest, err));
-        K3RT_TRY(ckpt_check_manifest(r->manifest, &r->reg, r->resume_dir, err));
-        K3RT_TRY(ckpt_check_compatible(r, err));
-        r->start_step = step;
-        json_t *changes = json_object_get(r->manifest, "changes");
-        size_t i;
-        json_t *c;
-        json_array_foreach(changes, i, c) {
-            json_array_append(r->changes, c);
-            json_decref(r->balancer);
-            r->balancer = json_deep_copy(json_object_get(c, "balancer"));
-        }
-    }
-    char path[1200];
-    fs_join(path, sizeof path, r->out, "metrics.jsonl");
-    r->metrics = fopen(path, r->opt.resume ? "ab" : "wb");
-    if (!r->metrics)
-        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot open for writing", path);
-    return K3RT_OK;
-}
-
 int run_setup(run *r, const train_options *o, k3rt_error *err)
 {
     memset(r, 0, sizeof *r);
@@ -234,9 +199,8 @@ int run_setup(run *r, const train_options *o, k3rt_error *err)
     K3RT_TRY(check_plan(r, plan, err));
     K3RT_TRY(choose_device(r, plan, err));
     K3RT_TRY(read_train_section(r, err));
-    K3RT_TRY(prepare_output(r, err));
-    if (!o->dry_run)
-        K3RT_TRY(load_data(r, err));
+    K3RT_TRY(output_prepare(r, err));
+    K3RT_TRY(load_data(r, err)); /* --dry-run too: a plan that cannot read its data is not one */
     return comm_local_create(r->dp, &r->comms, err);
 }
 
@@ -249,6 +213,7 @@ void run_free(run *r)
     if (r->metrics)
         fclose(r->metrics);
     json_decref(r->manifest);
+    json_decref(r->identity);
     json_decref(r->changes);
     json_decref(r->balancer);
     if (r->rec)

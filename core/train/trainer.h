@@ -16,7 +16,8 @@ typedef struct train_options {
     int n_overrides;
     const char *out_dir;            /* NULL: the recipe's `out` */
     plugin_sources plugins;         /* --plugin-path directories and --plugin files */
-    int resume;                     /* continue from the newest complete checkpoint */
+    int resume;                     /* continue from the newest usable checkpoint */
+    int force;                      /* a fresh run may replace the checkpoints in the folder */
     int dry_run;                    /* print the plan (parameters, rules, memory) and stop */
     int quiet;                      /* no progress lines */
     int no_sample;                  /* skip the final sample (tests) */

@@ -45,6 +45,10 @@ START_TEST(recipe_errors)
     snprintf(cmd, sizeof cmd, "%s train scripts/recipes/tiny_dense.lua --set "
              "data.path='\"nowhere.txt\"' --out %s", tu_k3rt_bin(), dir);
     expect_error(cmd, "nowhere.txt");
+    /* --dry-run reads the data too: a plan that cannot read its data is not one. */
+    snprintf(cmd, sizeof cmd, "%s train scripts/recipes/tiny_dense.lua --dry-run --set "
+             "data.path='\"nowhere.txt\"' --out %s", tu_k3rt_bin(), dir);
+    expect_error(cmd, "nowhere.txt");
     snprintf(cmd, sizeof cmd, "%s train %s/none.lua", tu_k3rt_bin(), dir);
     expect_error(cmd, "none.lua");
 }
