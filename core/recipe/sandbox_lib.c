@@ -67,13 +67,14 @@ static size_t class_end(const char *p, size_t i, size_t lp)
     return i < lp ? i + 1 : lp;
 }
 
-/* The worst-case step bound of matching pattern p (lp bytes) against n bytes. */
-static double pattern_cost(const char *p, size_t lp, size_t n, int plain)
+/* The worst-case step bound of matching pattern p (lp bytes) against n bytes; `anchors`:
+ * whether a leading '^' anchors the match (not in gmatch, which tries every position). */
+static double pattern_cost(const char *p, size_t lp, size_t n, int plain, int anchors)
 {
     double per = (double)lp + 1, subject = (double)n + 1;
     if (plain)
         return subject * per;
-    int anchored = lp > 0 && p[0] == '^';
+    int anchored = anchors && lp > 0 && p[0] == '^';
     double cost = (anchored ? 1 : subject) * per;
     for (size_t i = anchored; i < lp;) {
         if (p[i] == '%' && i + 1 < lp && p[i + 1] == 'b') { /* %bxy */
@@ -112,8 +113,9 @@ static int meter_pattern(lua_State *L)
     size_t n, lp;
     luaL_checklstring(L, 1, &n);
     const char *p = luaL_checklstring(L, 2, &lp);
+    const char *what = lua_tostring(L, lua_upvalueindex(2));
     int plain = lua_toboolean(L, lua_upvalueindex(3)) && lua_toboolean(L, 4);
-    sandbox_charge(L, pattern_cost(p, lp, n, plain), lua_tostring(L, lua_upvalueindex(2)));
+    sandbox_charge(L, pattern_cost(p, lp, n, plain, strcmp(what, "string.gmatch") != 0), what);
     return call_original(L);
 }
 
