@@ -104,7 +104,7 @@ START_TEST(loaded_tensors_are_checked)
     tu_tmpdir(out, sizeof out);
     train("scripts/recipes/tiny.lua", out, 2);
     snprintf(dir, sizeof dir, "%s/checkpoints/step_00000002", out);
-    snprintf(args, sizeof args, "eval %s", dir);
+    snprintf(args, sizeof args, "eval %s --windows 4", dir);
     expect(args, 0, "validation loss");
     poke(dir, "model.safetensors", "head.weight", 0.125f, 0);
     expect(args, 1, "tensor head.weight has checksum");

@@ -181,7 +181,7 @@ START_TEST(a_plugin_file_named_again_is_used)
     int rc = k3rt("/dev/null", args, &out);
     expect(rc, out, 1, "--plugin " SHIFT_SO);
     free(out);
-    snprintf(args, sizeof args, "eval %s/checkpoints --plugin %s", dir, SHIFT_SO);
+    snprintf(args, sizeof args, "eval %s/checkpoints --windows 4 --plugin %s", dir, SHIFT_SO);
     rc = k3rt("/dev/null", args, &out);
     expect(rc, out, 0, "validation loss");
     free(out);
