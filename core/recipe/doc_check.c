@@ -120,18 +120,19 @@ static int malformed(int rc, k3rt_error *err)
     return rc;
 }
 
-/* The schema's result must be the document itself. */
+/* The schema's result must be the document itself, defaults aside. */
 static int same(const json_t *doc, const json_t *rebuilt, const char *what, k3rt_error *err)
 {
     char where[256];
-    if (!json_first_difference(doc, rebuilt, what, where, sizeof where))
+    if (!json_first_conflict(doc, rebuilt, what, where, sizeof where))
         return K3RT_OK;
     return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: differs from what the recipe schema makes of "
                      "it (edited by hand, or written by another k3rt version)", where);
 }
 
-int doc_check_config(const json_t *doc, registry *reg, k3rt_error *err)
+int doc_check_config(const json_t *doc, registry *reg, json_t **out, k3rt_error *err)
 {
+    *out = NULL;
     if (!json_is_object(doc))
         return k3rt_fail(err, K3RT_ERR_FORMAT, "config: expected an object (the validated "
                          "recipe), got %s", schema_json_kind(doc));
@@ -152,14 +153,17 @@ int doc_check_config(const json_t *doc, registry *reg, k3rt_error *err)
     }
     if (!rc)
         rc = same(doc, rebuilt, "config", err);
+    if (!rc)
+        *out = json_incref(rebuilt);
     json_decref(rebuilt);
     raw_doc_free(&raw);
     return rc;
 }
 
-int doc_check_spec(const json_t *spec, int kind, registry *reg, const char *what,
+int doc_check_spec(const json_t *spec, int kind, registry *reg, const char *what, json_t **out,
                    k3rt_error *err)
 {
+    *out = NULL;
     if (!is_spec(spec))
         return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: expected a plugin spec {plugin, kind, "
                          "path, config}, got %s", what, schema_json_kind(spec));
@@ -173,6 +177,8 @@ int doc_check_spec(const json_t *spec, int kind, registry *reg, const char *what
         rc = malformed(schema_spec(&raw, reg, opts, kind, what, &rebuilt, pos, err), err);
     if (!rc)
         rc = same(spec, rebuilt, what, err);
+    if (!rc)
+        *out = json_incref(rebuilt);
     json_decref(rebuilt);
     raw_doc_free(&raw);
     return rc;

@@ -12,10 +12,11 @@
 
 #include "plugin/registry.h"
 
-/* A whole validated document (recipe.h's layout). Messages start with the key. */
-int doc_check_config(const json_t *doc, registry *reg, k3rt_error *err);
-/* One SPEC of the given kind; `what` names it in messages ("balancer"). */
-int doc_check_spec(const json_t *spec, int kind, registry *reg, const char *what,
+/* A whole validated document (recipe.h's layout) into *out, the schema's (owned by the
+ * caller). Messages start with the key. */
+int doc_check_config(const json_t *doc, registry *reg, json_t **out, k3rt_error *err);
+/* One SPEC of the given kind into *out; `what` names it in messages ("balancer"). */
+int doc_check_spec(const json_t *spec, int kind, registry *reg, const char *what, json_t **out,
                    k3rt_error *err);
 
 #endif

@@ -6,9 +6,20 @@
 
 #include "recipe/doc_check.h"
 
+/* Checks spec (kind balancer) and puts its completed form under key of holder. */
+static int check_balancer(json_t *holder, const char *key, registry *reg, const char *what,
+                          k3rt_error *err)
+{
+    json_t *done;
+    K3RT_TRY(doc_check_spec(json_object_get(holder, key), K3RT_KIND_BALANCER, reg, what, &done,
+                            err));
+    json_object_set_new(holder, key, done);
+    return K3RT_OK;
+}
+
 /* One record of "changes": {step, source, balancer}, steps in [1, last + 1] and in order. */
-static int check_change(const json_t *c, size_t i, json_int_t *prev, json_int_t last,
-                        registry *reg, k3rt_error *err)
+static int check_change(json_t *c, size_t i, json_int_t *prev, json_int_t last, registry *reg,
+                        k3rt_error *err)
 {
     char what[64];
     snprintf(what, sizeof what, "changes[%zu]", i + 1);
@@ -28,35 +39,33 @@ static int check_change(const json_t *c, size_t i, json_int_t *prev, json_int_t 
     *prev = s;
     char bwhat[80];
     snprintf(bwhat, sizeof bwhat, "%s.balancer", what);
-    return doc_check_spec(json_object_get(c, "balancer"), K3RT_KIND_BALANCER, reg, bwhat, err);
+    return check_balancer(c, "balancer", reg, bwhat, err);
 }
 
-static int check_all(const json_t *m, registry *reg, k3rt_error *err)
+static int check_all(json_t *m, registry *reg, k3rt_error *err)
 {
-    const json_t *config = json_object_get(m, "config");
-    K3RT_TRY(doc_check_config(config, reg, err));
-    const json_t *bal = json_object_get(m, "balancer");
-    K3RT_TRY(doc_check_spec(bal, K3RT_KIND_BALANCER, reg, "balancer", err));
-    const json_t *changes = json_object_get(m, "changes");
+    json_t *config;
+    K3RT_TRY(doc_check_config(json_object_get(m, "config"), reg, &config, err));
+    json_object_set_new(m, "config", config);
+    K3RT_TRY(check_balancer(m, "balancer", reg, "balancer", err));
+    json_t *changes = json_object_get(m, "changes");
     if (!json_is_array(changes))
         return k3rt_fail(err, K3RT_ERR_FORMAT, "changes: expected a list of mid-run changes");
     json_int_t prev = 1, last = json_integer_value(json_object_get(m, "step"));
     size_t i;
-    const json_t *c;
+    json_t *c;
     json_array_foreach(changes, i, c)
         K3RT_TRY(check_change(c, i, &prev, last, reg, err));
-    const json_t *want = json_array_size(changes)
-                             ? json_object_get(json_array_get(changes, json_array_size(changes) - 1),
-                                               "balancer")
-                             : json_object_get(json_object_get(config, "model"), "balancer");
-    if (!json_equal(bal, want))
+    size_t n = json_array_size(changes);
+    const json_t *want = n ? json_object_get(json_array_get(changes, n - 1), "balancer")
+                           : json_object_get(json_object_get(config, "model"), "balancer");
+    if (!json_equal(json_object_get(m, "balancer"), want))
         return k3rt_fail(err, K3RT_ERR_FORMAT, "balancer: is not the one in effect (%s)",
-                         json_array_size(changes) ? "the last of \"changes\""
-                                                  : "config.model.balancer");
+                         n ? "the last of \"changes\"" : "config.model.balancer");
     return K3RT_OK;
 }
 
-int ckpt_check_manifest(const json_t *m, registry *reg, const char *dir, k3rt_error *err)
+int ckpt_check_manifest(json_t *m, registry *reg, const char *dir, k3rt_error *err)
 {
     int rc = check_all(m, reg, err);
     if (rc)

@@ -2,7 +2,8 @@
  * Its "config" goes through the recipe schema (doc_check.h), its "balancer" and every mid-run
  * change through the balancer schema, and the balancer in effect must be the last change's.
  * Plugins resolve by name on the search path; one named by its file resolves only to a file
- * the command line (--plugin) or the recipe already loaded. */
+ * the command line (--plugin) or the recipe already loaded. Options a spec lacks and the
+ * schema fills with their defaults (a plugin that gained an option since) are filled in. */
 #ifndef K3RT_CKPT_MANIFEST_H
 #define K3RT_CKPT_MANIFEST_H
 
@@ -11,7 +12,8 @@
 
 #include "plugin/registry.h"
 
-/* m as read by ckpt_read_manifest from dir; messages start with dir/manifest.json. */
-int ckpt_check_manifest(const json_t *m, registry *reg, const char *dir, k3rt_error *err);
+/* m as read by ckpt_read_manifest from dir, completed in place; messages start with
+ * dir/manifest.json. */
+int ckpt_check_manifest(json_t *m, registry *reg, const char *dir, k3rt_error *err);
 
 #endif

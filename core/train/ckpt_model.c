@@ -15,9 +15,9 @@ int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugi
     memset(c, 0, sizeof *c);
     K3RT_TRY(ckpt_resolve(path, c->dir, sizeof c->dir, err));
     K3RT_TRY(ckpt_read_manifest(c->dir, &c->manifest, err));
-    c->doc = json_object_get(c->manifest, "config");
     K3RT_TRY(registry_open(&c->reg, plugins, err));
     K3RT_TRY(ckpt_check_manifest(c->manifest, &c->reg, c->dir, err));
+    c->doc = json_object_get(c->manifest, "config");
     K3RT_TRY(ckpt_verify(c->dir, c->manifest, err));
     const json_t *mdoc = json_object_get(c->doc, "model");
     K3RT_TRY(k3rt_stream_create(K3RT_DEVICE_CPU, K3RT_STREAM_COMPUTE, &c->stream, err));

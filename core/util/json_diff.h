@@ -10,4 +10,9 @@
 int json_first_difference(const json_t *a, const json_t *b, const char *path, char *buf,
                           size_t len);
 
+/* The same, except that keys b has and a lacks (at any depth) are no difference: where a, a
+ * document, says less than b, its completed form (defaults filled in). */
+int json_first_conflict(const json_t *a, const json_t *b, const char *path, char *buf,
+                        size_t len);
+
 #endif
