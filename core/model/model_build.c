@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "model/model_internal.h"
+#include "plugin/named.h"
 #include "util/checked.h"
 
 int model_resolve_spec(registry *reg, const json_t *spec, int kind, const char *where,
@@ -19,10 +20,7 @@ int model_resolve_spec(registry *reg, const json_t *spec, int kind, const char *
         /* A spec never loads code: a plugin named by its file is one the command line
          * (--plugin) or the recipe (k3.plugin) has already loaded. Specs also come from
          * checkpoint manifests and mid-run changes. */
-        for (int i = 0; i < reg->n && !e; i++)
-            if (!strcmp(reg->entries[i].path, path))
-                e = &reg->entries[i];
-        if (!e)
+        if (!(e = registry_find_file(reg, path, 0)))
             return k3rt_fail(err, K3RT_ERR_INVALID, "%s: plugin '%s' is named by its file %s, "
                              "which nothing on this command loaded; k3rt loads a plugin file "
                              "only when the command line (--plugin %s) or the recipe "

@@ -16,6 +16,11 @@ typedef struct plugin_sources {
     int n_files;
 } plugin_sources;
 
+/* The entry loaded from `path` (the same file: equal paths, or equal canonical paths, so a
+ * file found through --plugin-path counts as named), of `kind` (0: any); NULL when none. Never
+ * loads anything. */
+const plugin_entry *registry_find_file(const registry *reg, const char *path, int kind);
+
 /* registry_init with src->dirs, then each file by its canonical path (realpath): the form
  * recipes and manifests record. src may be NULL (the search path only). */
 int registry_open(registry *reg, const plugin_sources *src, k3rt_error *err);

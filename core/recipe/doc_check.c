@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plugin/named.h"
 #include "recipe/schema.h"
 #include "util/json_diff.h"
 
@@ -52,10 +53,7 @@ static int unwrap_spec(unwrap_ctx *c, const json_t *v, const char *at, json_t **
     if (path && !json_is_null(path) && !json_is_string(path))
         return k3rt_fail(c->err, K3RT_ERR_FORMAT, "%s: \"path\" must be a string or null", at);
     const char *file = json_string_value(path);
-    int loaded = 0;
-    for (int i = 0; file && i < c->reg->n && !loaded; i++)
-        loaded = !strcmp(c->reg->entries[i].path, file);
-    if (file && !loaded)
+    if (file && !registry_find_file(c->reg, file, 0))
         return k3rt_fail(c->err, K3RT_ERR_INVALID, "%s: plugin '%s' is named by its file %s; "
                          "a checkpoint never loads code: name that file on the command line "
                          "(--plugin %s) or in the recipe (k3.plugin) if you trust it", at,

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plugin/named.h"
 #include "util/fs.h"
 
 /* Registry keys (their addresses). Writable so that no two can share an address. */
@@ -85,10 +86,7 @@ static int k3_plugin(lua_State *L)
         /* One canonical path, so the engine's registry_load_file finds this very entry. */
         if (!realpath(joined, full))
             snprintf(full, sizeof full, "%s", joined);
-        const plugin_entry *e = NULL;
-        for (int i = 0; c->frozen && i < c->reg->n && !e; i++)
-            if (!strcmp(c->reg->entries[i].path, full))
-                e = &c->reg->entries[i];
+        const plugin_entry *e = c->frozen ? registry_find_file(c->reg, full, 0) : NULL;
         if (c->frozen && !e)
             return luaL_error(L, "k3.plugin: %s is not loaded, and plugin files load only "
                               "while the recipe loads (its top level and --set), never from "

@@ -2,8 +2,10 @@
  * names goes through the recipe schema before anything is built from it (issue 15, item 1).
  * The fixture ctor_marker.so is a valid balancer whose constructor creates $K3RT_TEST_MARKER
  * the moment anything dlopens it. */
+#define _GNU_SOURCE /* symlink */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -193,6 +195,17 @@ START_TEST(a_plugin_file_named_again_is_used)
     expect(rc, out, 1, "--plugin " SHIFT_SO);
     free(out);
     snprintf(args, sizeof args, "eval %s/checkpoints --windows 4 --plugin %s", dir, SHIFT_SO);
+    rc = k3rt("/dev/null", args, &out);
+    expect(rc, out, 0, "validation loss");
+    free(out);
+    /* The same file found through --plugin-path (under a plugin file name) counts too. */
+    char plugins[600], link[700];
+    snprintf(plugins, sizeof plugins, "%s/plugins", dir);
+    snprintf(link, sizeof link, "%s/libk3rt_shift.so", plugins);
+    ck_assert_int_eq(mkdir(plugins, 0755), 0);
+    ck_assert_int_eq(symlink(SHIFT_SO, link), 0);
+    snprintf(args, sizeof args, "eval %s/checkpoints --windows 4 --plugin-path %s", dir,
+             plugins);
     rc = k3rt("/dev/null", args, &out);
     expect(rc, out, 0, "validation loss");
     free(out);
