@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
 # Installs what k3rt needs on a Debian/Ubuntu machine (when missing) and builds it into build/.
 # Used by run_main.sh and test.sh; safe to run again.
+#   --fuzz           also clang with its libFuzzer runtime and OpenMP (scripts/fuzz.sh)
+#   --packages-only  install, do not build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config liblua5.4-dev libjansson-dev check libsubunit-dev
           libopenblas-openmp-dev zlib1g-dev python3 python3-numpy)
+build=1
+for a in "$@"; do
+  case "$a" in
+    --fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;;
+    --packages-only) build=0 ;;
+    *) echo "setup.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -18,6 +28,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get update -qq
   $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+[ "$build" -eq 1 ] || exit 0
 
 build_dir="${K3RT_BUILD_DIR:-build}"
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release ${K3RT_CMAKE_ARGS:-} >/dev/null

@@ -45,6 +45,8 @@ static json_t *child_args(const ablate_ctx *c, const variant_run *r, int threads
     }
     json_array_append_new(a, json_string("--out"));
     json_array_append_new(a, json_string(r->dir));
+    /* The variant's folder is the suite's: a new run there replaces the previous one. */
+    json_array_append_new(a, json_string("--force"));
     json_array_append_new(a, json_string("--no-sample"));
     if (c->o->plugin_path) {
         json_array_append_new(a, json_string("--plugin-path"));

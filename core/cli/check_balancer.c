@@ -359,7 +359,7 @@ static void check_aux_loss(check_ctx *c)
     for (int s = 0; s < 4 * c->samples && !rc && scale_ok; s++, checked++) {
         int64_t i = (int64_t)(k3rt_rng_u64(&pick) % (uint64_t)ns);
         float keep = r.scores[i];
-        double lp, lm, h = 1e-3 * fmax(fabs(keep), 0.1);
+        double lp = 0, lm = 0, h = 1e-3 * fmax(fabs(keep), 0.1);
         float up = (float)(keep + h), dn = (float)(keep - h);
         r.scores[i] = up;
         rc = rig_aux_loss(&r.m, &rt, 1.0, &lp, ds, &err);

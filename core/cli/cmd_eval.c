@@ -4,23 +4,33 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/plugin_args.h"
 #include "train/ckpt_model.h"
 #include "train/train_internal.h"
 
+static int tok_is_shards(const json_t *data)
+{
+    const char *tok = json_string_value(json_object_get(data, "tokenizer"));
+    return tok && !strcmp(tok, "shards");
+}
+
 int cmd_eval(int argc, char **argv)
 {
-    const char *path = NULL, *plugin_path = NULL;
+    const char *path = NULL;
     long long windows = 0;
-    for (int i = 1; i < argc; i++) {
+    plugin_sources plugins = {0};
+    for (int i = 1, pa; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) {
-            printf("usage: k3rt eval CHECKPOINT [--windows N] [--plugin-path DIRS]\n"
+            printf("usage: k3rt eval CHECKPOINT [--windows N] [--plugin-path DIRS] "
+                   "[--plugin PATH]...\n"
                    "CHECKPOINT is a checkpoint directory or a run's checkpoints directory "
-                   "(the newest complete one is used).\n");
+                   "(the newest complete one is used).\n" CLI_PLUGIN_USAGE);
             return 0;
         } else if (!strcmp(argv[i], "--windows") && i + 1 < argc) {
             windows = atoll(argv[++i]);
-        } else if (!strcmp(argv[i], "--plugin-path") && i + 1 < argc) {
-            plugin_path = argv[++i];
+        } else if ((pa = cli_plugin_arg(argc, argv, &i, &plugins)) != 0) {
+            if (pa < 0)
+                return 2;
         } else if (argv[i][0] != '-' && !path) {
             path = argv[i];
         } else {
@@ -35,18 +45,21 @@ int cmd_eval(int argc, char **argv)
     k3rt_error err = {0};
     ckpt_model c;
     token_stream train = {0}, val = {0};
-    int rc = ckpt_model_open(&c, path, plugin_path, 0, &err);
+    int rc = ckpt_model_open(&c, path, &plugins, 0, &err);
     const json_t *data = rc ? NULL : json_object_get(c.doc, "data");
     const json_t *plan = rc ? NULL : json_object_get(c.doc, "plan");
     if (!rc) {
-        const char *tok = json_string_value(json_object_get(data, "tokenizer"));
-        if (tok && !strcmp(tok, "shards"))
+        if (tok_is_shards(data))
             rc = data_load_shard(json_string_value(json_object_get(data, "val")), &val, &err);
         else
             rc = data_load_bytes(json_string_value(json_object_get(data, "path")),
                                  json_number_value(json_object_get(data, "val_fraction")),
                                  &train, &val, &err);
     }
+    if (!rc)
+        rc = data_check_val(&val, json_string_value(json_object_get(data, tok_is_shards(data)
+                                                                              ? "val" : "path")),
+                            &err);
     double acc[2] = {0, 0};
     if (!rc)
         rc = eval_windows(&c.m, &val, json_integer_value(json_object_get(plan, "micro_batch")),
@@ -54,7 +67,7 @@ int cmd_eval(int argc, char **argv)
                           acc, &err);
     if (!rc)
         printf("%s: validation loss %.4f nats/token over %.0f tokens\n", c.dir,
-               acc[1] > 0 ? acc[0] / acc[1] : 0.0, acc[1]);
+               acc[0] / acc[1], acc[1]);
     token_stream_free(&train);
     token_stream_free(&val);
     ckpt_model_close(&c);

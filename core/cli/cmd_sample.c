@@ -4,20 +4,23 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/plugin_args.h"
 #include "train/ckpt_model.h"
 #include "train/train_internal.h"
 
 int cmd_sample(int argc, char **argv)
 {
-    const char *path = NULL, *plugin_path = NULL, *prompt = NULL;
+    const char *path = NULL, *prompt = NULL;
     long long bytes = -1, seed = -1, top_k = -1;
     double temperature = -1;
-    for (int i = 1; i < argc; i++) {
+    plugin_sources plugins = {0};
+    for (int i = 1, pa; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help")) {
             printf("usage: k3rt sample CHECKPOINT [--bytes N] [--temperature T] [--top-k K]\n"
                    "                  [--seed S] [--prompt TEXT] [--plugin-path DIRS]\n"
-                   "Defaults come from the recipe's `sample` section.\n");
+                   "                  [--plugin PATH]...\n"
+                   "Defaults come from the recipe's `sample` section.\n" CLI_PLUGIN_USAGE);
             return 0;
         } else if (!strcmp(a, "--bytes") && i + 1 < argc) {
             bytes = atoll(argv[++i]);
@@ -29,8 +32,9 @@ int cmd_sample(int argc, char **argv)
             seed = atoll(argv[++i]);
         } else if (!strcmp(a, "--prompt") && i + 1 < argc) {
             prompt = argv[++i];
-        } else if (!strcmp(a, "--plugin-path") && i + 1 < argc) {
-            plugin_path = argv[++i];
+        } else if ((pa = cli_plugin_arg(argc, argv, &i, &plugins)) != 0) {
+            if (pa < 0)
+                return 2;
         } else if (a[0] != '-' && !path) {
             path = a;
         } else {
@@ -44,7 +48,7 @@ int cmd_sample(int argc, char **argv)
     }
     k3rt_error err = {0};
     ckpt_model c;
-    int rc = ckpt_model_open(&c, path, plugin_path, 0, &err);
+    int rc = ckpt_model_open(&c, path, &plugins, 0, &err);
     json_t *cfg = rc ? NULL : json_deep_copy(json_object_get(c.doc, "sample"));
     if (!rc && !cfg)
         cfg = json_object();

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/plugin_args.h"
 #include "train/trainer.h"
 #include "util/log.h"
 
@@ -13,10 +14,12 @@ static void usage(FILE *to)
             "usage: k3rt train RECIPE.lua [options]\n"
             "  --set KEY=VALUE      override a recipe value (Lua expression), e.g.\n"
             "                       --set model.ffn.top_k=8 --set optimizer.lr=1e-3\n"
-            "  --resume             continue from the newest complete checkpoint in OUT\n"
+            "  --resume             continue the run in OUT from its newest usable checkpoint\n"
+            "  --force              start afresh in an OUT that holds another run's\n"
+            "                       checkpoints, removing them (refused without it)\n"
             "  --out DIR            output directory (default: the recipe's `out`)\n"
             "  --dry-run            print parameters, optimizer rules and memory, then stop\n"
-            "  --plugin-path DIRS   extra plugin directories (':'-separated), searched first\n"
+            CLI_PLUGIN_USAGE
             "  --quiet              no progress lines\n"
             "  --no-sample          skip the text sample at the end\n"
             "  --stop-after STEP    checkpoint and stop after STEP (resume later with --resume)\n");
@@ -29,7 +32,7 @@ int cmd_train(int argc, char **argv)
     const char **sets = calloc((size_t)argc, sizeof *sets);
     if (!sets)
         return 1;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1, pa; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
@@ -41,12 +44,17 @@ int cmd_train(int argc, char **argv)
             sets[o.n_overrides++] = a + 6;
         } else if (!strcmp(a, "--resume")) {
             o.resume = 1;
+        } else if (!strcmp(a, "--force")) {
+            o.force = 1;
         } else if (!strcmp(a, "--out") && i + 1 < argc) {
             o.out_dir = argv[++i];
         } else if (!strcmp(a, "--dry-run")) {
             o.dry_run = 1;
-        } else if (!strcmp(a, "--plugin-path") && i + 1 < argc) {
-            o.plugin_path = argv[++i];
+        } else if ((pa = cli_plugin_arg(argc, argv, &i, &o.plugins)) != 0) {
+            if (pa < 0) {
+                free(sets);
+                return 2;
+            }
         } else if (!strcmp(a, "--quiet")) {
             o.quiet = 1;
             log_set_level(LOG_QUIET);

@@ -1,8 +1,27 @@
 /* k3rt command-line entry: dispatches to the subcommands. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
+
+/* OpenMP worker threads spin while they wait for the next parallel region (libgomp spins
+ * 300,000 times by default) unless told otherwise. On a machine whose cores are busy with
+ * other work, a spinning worker takes the core the thread it waits for needs: on a loaded
+ * 2-core machine plan.threads = 2 ran 4x slower than 1. So k3rt waits passively (the workers
+ * sleep in the kernel) unless the user chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
+ * libgomp reads its settings while it is being loaded, before main(), and a setenv() from the
+ * executable's preinit array does not survive libc's own start-up; so the setting reaches
+ * libgomp through one re-exec of this binary with it in the environment (a few milliseconds).
+ * If the exec fails, k3rt runs on with the default. */
+static void passive_openmp(char **argv)
+{
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
+        return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+        execv("/proc/self/exe", argv);
+}
 
 static void usage(FILE *to)
 {
@@ -24,6 +43,7 @@ static void usage(FILE *to)
 
 int main(int argc, char **argv)
 {
+    passive_openmp(argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

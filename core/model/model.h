@@ -104,7 +104,9 @@ int model_declare(model *m, const json_t *model_doc, registry *reg, const model_
 int model_build(model *m, const json_t *model_doc, registry *reg, const model_options *opt,
                 k3rt_error *err);
 void model_free(model *m);
-/* Resolves a SPEC {"plugin", "kind", "path", "config"} to its plugin. */
+/* Resolves a SPEC {"plugin", "kind", "path", "config"} to its plugin: by name and kind, or,
+ * with a path, to the entry already loaded from that file (the command line's --plugin or the
+ * recipe's k3.plugin); a path nothing loaded is refused, never dlopen'd. */
 int model_resolve_spec(registry *reg, const json_t *spec, int kind, const char *where,
                        const plugin_entry **out, k3rt_error *err);
 

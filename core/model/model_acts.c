@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "model/model_internal.h"
+#include "util/checked.h"
 
 int model_sub_module(const model *m, int s)
 {
@@ -17,47 +18,66 @@ int model_sub_norm(const model *m, int s)
     return s % 2 ? L->ffn_norm : L->mixer_norm;
 }
 
-/* Lays the arena out twice: once without a base to measure it, once to hand out pointers. */
+/* Lays the arena out twice: once without a base to measure it, once to hand out pointers.
+ * Every size comes from the recipe (batch, sequence, width, layers, vocabulary, experts), so
+ * the sums and products are checked: `bad` is set once any of them overflows 64 bits. */
 typedef struct planner {
     char *base;
-    size_t at;
+    int64_t at;
+    int bad;
 } planner;
 
-static void *take(planner *p, size_t bytes)
+static void *take(planner *p, int64_t bytes)
 {
-    void *r = p->base ? p->base + p->at : NULL;
-    p->at += (bytes + 63) & ~(size_t)63;
+    void *r = p->base && !p->bad ? p->base + p->at : NULL;
+    p->at = ck_add(&p->bad, p->at, ck_align(&p->bad, bytes, 64));
     return r;
+}
+
+/* n rows of `width` elements of `elem` bytes. */
+static void *take_rows(planner *p, int64_t n, int64_t width, size_t elem)
+{
+    return take(p, ck_mul(&p->bad, ck_mul(&p->bad, n, width), (int64_t)elem));
 }
 
 static void layout(const model *m, model_acts *a, planner *p, int64_t N, int64_t saved,
                    int64_t ws)
 {
-    int64_t S = 2 * (int64_t)m->n_layers;
-    size_t e = m->elem, se = m->master_elem, row = (size_t)m->d * e;
-    a->tokens = take(p, (size_t)N * 4);
-    a->targets = take(p, (size_t)N * 4);
-    a->h0 = take(p, (size_t)N * row);
-    a->hs = take(p, (size_t)(S * N) * row);
-    a->rstd = take(p, (size_t)(S * N) * se);
-    a->xn = take(p, (size_t)N * row);
-    a->ys = take(p, (size_t)N * row);
-    a->hf = take(p, (size_t)N * row);
-    a->hn = take(p, (size_t)N * row);
-    a->rstd_f = take(p, (size_t)N * se);
-    a->dhn = take(p, (size_t)N * row);
-    a->dh = take(p, (size_t)N * row);
-    a->dxn = take(p, (size_t)N * row);
-    a->dys = take(p, (size_t)N * row);
-    a->logits = take(p, (size_t)(a->chunk * m->vocab) * e);
-    a->lse = take(p, (size_t)a->chunk * se);
-    a->row_loss = take(p, (size_t)N * se);
-    a->saved = take(p, (size_t)saved);
-    a->ws = take(p, (size_t)ws);
+    int64_t S = 2 * (int64_t)m->n_layers, SN = ck_mul(&p->bad, S, N);
+    size_t e = m->elem, se = m->master_elem;
+    a->tokens = take_rows(p, N, 1, 4);
+    a->targets = take_rows(p, N, 1, 4);
+    a->h0 = take_rows(p, N, m->d, e);
+    a->hs = take_rows(p, SN, m->d, e);
+    a->rstd = take_rows(p, SN, 1, se);
+    a->xn = take_rows(p, N, m->d, e);
+    a->ys = take_rows(p, N, m->d, e);
+    a->hf = take_rows(p, N, m->d, e);
+    a->hn = take_rows(p, N, m->d, e);
+    a->rstd_f = take_rows(p, N, 1, se);
+    a->dhn = take_rows(p, N, m->d, e);
+    a->dh = take_rows(p, N, m->d, e);
+    a->dxn = take_rows(p, N, m->d, e);
+    a->dys = take_rows(p, N, m->d, e);
+    a->logits = take_rows(p, a->chunk, m->vocab, e);
+    a->lse = take_rows(p, a->chunk, 1, se);
+    a->row_loss = take_rows(p, N, 1, se);
+    a->saved = take(p, saved);
+    a->ws = take(p, ws);
     for (int i = 0; i < m->n_layers; i++)
         a->d_scores[i] = m->layers[i].experts
-                             ? take(p, (size_t)(N * m->layers[i].experts) * sizeof(float))
+                             ? take_rows(p, N, m->layers[i].experts, sizeof(float))
                              : NULL;
+}
+
+/* The message for an arena whose size does not fit 64 bits. */
+static int too_large(const model *m, int64_t B, int64_t T, k3rt_error *err)
+{
+    return k3rt_fail(err, K3RT_ERR_INVALID, "model: activations for micro-batches of %lld x "
+                     "%lld tokens are too large (more than 2^63 bytes at d_model %lld, %d "
+                     "layers, vocab %lld); reduce plan.micro_batch or plan.seq_len",
+                     (long long)B, (long long)T, (long long)m->d, m->n_layers,
+                     (long long)m->vocab);
 }
 
 void model_free_acts(model *m)
@@ -103,7 +123,14 @@ static int module_bytes(model *m, int64_t B, int64_t T, int place, int64_t *save
             mm->saved_offset = *saved;
             mm->saved_bytes = bytes;
         }
-        *saved += bytes;
+        int bad = bytes < 0 || mem.workspace_bytes < 0;
+        *saved = ck_add(&bad, *saved, bytes);
+        if (bad)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "model: %s (plugin %s) asks for %lld saved "
+                             "and %lld workspace bytes at micro-batch %lld x %lld: too large "
+                             "(or negative); reduce plan.micro_batch or plan.seq_len",
+                             mm->prefix, mm->r.e->desc.name, (long long)bytes,
+                             (long long)mem.workspace_bytes, (long long)B, (long long)T);
         if (mem.workspace_bytes > *ws)
             *ws = mem.workspace_bytes;
     }
@@ -135,11 +162,14 @@ int model_act_bytes(model *m, int64_t B, int64_t T, int64_t *bytes, k3rt_error *
     a.d_scores = calloc((size_t)m->n_layers, sizeof *a.d_scores);
     if (!a.d_scores)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
-    a.chunk = head_chunk(m, B * T);
-    planner p = {NULL, 0};
-    layout(m, &a, &p, B * T, saved, ws);
+    planner p = {NULL, 0, 0};
+    int64_t N = ck_mul(&p.bad, B, T);
+    a.chunk = head_chunk(m, N);
+    layout(m, &a, &p, N, saved, ws);
     free(a.d_scores);
-    *bytes = (int64_t)p.at;
+    if (p.bad)
+        return too_large(m, B, T, err);
+    *bytes = p.at;
     return K3RT_OK;
 }
 
@@ -151,7 +181,10 @@ int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_INVALID, "model: batch %lld x sequence %lld",
                          (long long)B, (long long)T);
     model_free_acts(m);
-    int64_t N = B * T, saved, ws;
+    planner p = {NULL, 0, 0};
+    int64_t N = ck_mul(&p.bad, B, T), saved, ws;
+    if (p.bad)
+        return too_large(m, B, T, err);
     K3RT_TRY(module_bytes(m, B, T, 1, &saved, &ws, err));
     m->a = calloc(1, sizeof *m->a);
     if (m->a) {
@@ -163,16 +196,19 @@ int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
     }
     m->a->chunk = head_chunk(m, N);
-    planner p = {NULL, 0};
     layout(m, m->a, &p, N, saved, ws);
-    m->act = k3rt_alloc(m->opt.device, p.at, err);
+    if (p.bad) {
+        model_free_acts(m);
+        return too_large(m, B, T, err);
+    }
+    m->act = k3rt_alloc(m->opt.device, (size_t)p.at, err);
     if (!m->act) {
         model_free_acts(m);
         return err ? err->code : K3RT_ERR_NOMEM;
     }
     m->B = B;
     m->T = T;
-    m->act_bytes = p.at;
+    m->act_bytes = (size_t)p.at;
     p.base = m->act;
     p.at = 0;
     layout(m, m->a, &p, N, saved, ws);

@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "model/model_internal.h"
+#include "plugin/named.h"
+#include "util/checked.h"
 
 int model_resolve_spec(registry *reg, const json_t *spec, int kind, const char *where,
                        const plugin_entry **out, k3rt_error *err)
@@ -15,7 +17,15 @@ int model_resolve_spec(registry *reg, const json_t *spec, int kind, const char *
         return k3rt_fail(err, K3RT_ERR_INVALID, "%s: expected a plugin spec", where);
     const plugin_entry *e = NULL;
     if (path) {
-        K3RT_TRY(registry_load_file(reg, path, &e, err));
+        /* A spec never loads code: a plugin named by its file is one the command line
+         * (--plugin) or the recipe (k3.plugin) has already loaded. Specs also come from
+         * checkpoint manifests and mid-run changes. */
+        if (!(e = registry_find_file(reg, path, 0)))
+            return k3rt_fail(err, K3RT_ERR_INVALID, "%s: plugin '%s' is named by its file %s, "
+                             "which nothing on this command loaded; k3rt loads a plugin file "
+                             "only when the command line (--plugin %s) or the recipe "
+                             "(k3.plugin) names it, never from a checkpoint or a mid-run "
+                             "change", where, name, path, path);
     } else {
         e = registry_find(reg, name, kind);
         if (!e)
@@ -90,9 +100,14 @@ static int add_param(model *m, const char *name, const k3rt_param_decl *decl, in
     p->decl.name = NULL;  /* set once the array stops moving (model_build) */
     p->module = module;
     p->index = index;
+    int bad = decl->ndim < 0 || decl->ndim > K3RT_MAX_DIMS;
     p->numel = 1;
-    for (int i = 0; i < decl->ndim; i++)
-        p->numel *= decl->shape[i];
+    for (int i = 0; i < decl->ndim && !bad; i++)
+        p->numel = ck_mul(&bad, p->numel, decl->shape[i]);
+    if (bad)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "model: parameter %s is too large (its shape's "
+                         "element count does not fit 64 bits, or a dimension is negative); "
+                         "reduce the sizes in its plugin's options", name);
     return K3RT_OK;
 }
 
@@ -245,12 +260,18 @@ static int collect_params(model *m, k3rt_error *err)
 static int allocate_params(model *m, k3rt_error *err)
 {
     int64_t total = 0;
+    int bad = 0;
     for (int i = 0; i < m->n_params; i++) {
         param_slot *p = &m->params[i];
         p->offset = total;
         /* Align each parameter to 16 elements so vector loads never straddle two. */
-        total += (p->numel + 15) & ~(int64_t)15;
+        total = ck_add(&bad, total, ck_align(&bad, p->numel, 16));
     }
+    ck_mul(&bad, total, (int64_t)(m->master_elem > m->elem ? m->master_elem : m->elem));
+    if (bad)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "model: %d parameters are too large together "
+                         "(their byte count does not fit 64 bits); reduce the model's sizes",
+                         m->n_params);
     m->total_numel = total;
     size_t master_bytes = (size_t)total * m->master_elem;
     m->param_buf = k3rt_alloc(m->opt.device, master_bytes, err);

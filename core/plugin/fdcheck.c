@@ -64,7 +64,7 @@ static int check_targets(const fd_target *t, int nt, fd_loss_fn loss, void *ctx,
             double keep = t[k].value[i], num = 0;
             int rc = K3RT_OK;
             for (int j = 0; j < (o->stencil == 4 ? 2 : 1) && !rc; j++) {
-                double lp, lm;
+                double lp = 0, lm = 0;
                 t[k].value[i] = keep + step[j] * o->eps;
                 rc = loss(ctx, &lp, err);
                 t[k].value[i] = keep - step[j] * o->eps;

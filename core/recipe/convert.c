@@ -9,6 +9,7 @@
 
 #define MAX_DEPTH 32
 #define PATH_LEN 512
+#define NODE_BYTES 64 /* what jansson holds per value, about */
 
 void raw_doc_free(raw_doc *d)
 {
@@ -52,16 +53,32 @@ static void add_spec(lua_State *L, raw_doc *d, const json_t *obj, const spec_inf
     d->n_specs++;
 }
 
+/* Counts bytes of JSON against what is left of the memory cap. */
+static void charge(lua_State *L, raw_doc *d, size_t bytes, const char *path)
+{
+    d->bytes += bytes + NODE_BYTES;
+    if (d->bytes <= sandbox_memory_left(L))
+        return;
+    char msg[PATH_LEN + 256];
+    snprintf(msg, sizeof msg, "%s: recipe exceeded its memory limit while being converted to "
+             "JSON (%zu bytes so far; a string or table shared by many keys is copied once per "
+             "key)", shown(path), d->bytes);
+    sandbox_limit_error(L, msg);
+}
+
 /* Stores v under parent (key, or appended when key is NULL); jansson takes v either way. */
-static void attach(lua_State *L, json_t *parent, const char *key, json_t *v, const char *path)
+static void attach(lua_State *L, raw_doc *d, json_t *parent, const char *key, json_t *v,
+                   const char *path)
 {
     if (!v) {
         sandbox_raise(L, "%s: out of memory while reading the recipe", shown(path));
         return;
     }
+    size_t bytes = (key ? strlen(key) : 0) + (json_is_string(v) ? json_string_length(v) : 0);
     int rc = key ? json_object_set_new(parent, key, v) : json_array_append_new(parent, v);
     if (rc)
         sandbox_raise(L, "%s: the key is not valid UTF-8 text", shown(path));
+    charge(L, d, bytes, path); /* after: the tree owns v, so a raise frees it with the rest */
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -156,7 +173,7 @@ static void put_table(lua_State *L, int idx, raw_doc *d, json_t *parent, const c
     spec_info info;
     if (sugar_spec_info(L, idx, &info)) {
         json_t *obj = json_object();
-        attach(L, parent, key, obj, path);
+        attach(L, d, parent, key, obj, path);
         add_spec(L, d, obj, &info);
         fill_object(L, idx, d, obj, path, depth, 0);
         return;
@@ -164,12 +181,12 @@ static void put_table(lua_State *L, int idx, raw_doc *d, json_t *parent, const c
     int n = list_length(L, idx, path);
     if (n == 0) {
         json_t *obj = json_object();
-        attach(L, parent, key, obj, path);
+        attach(L, d, parent, key, obj, path);
         fill_object(L, idx, d, obj, path, depth, 0);
         return;
     }
     json_t *arr = json_array();
-    attach(L, parent, key, arr, path);
+    attach(L, d, parent, key, arr, path);
     for (int i = 1; i <= n; i++) {
         char child[PATH_LEN];
         child_path(child, path, NULL, i);
@@ -186,16 +203,16 @@ static void put(lua_State *L, int idx, raw_doc *d, json_t *parent, const char *k
     case LUA_TNIL:
         return;
     case LUA_TBOOLEAN:
-        attach(L, parent, key, json_boolean(lua_toboolean(L, idx)), path);
+        attach(L, d, parent, key, json_boolean(lua_toboolean(L, idx)), path);
         return;
     case LUA_TNUMBER:
         if (lua_isinteger(L, idx)) {
-            attach(L, parent, key, json_integer((json_int_t)lua_tointeger(L, idx)), path);
+            attach(L, d, parent, key, json_integer((json_int_t)lua_tointeger(L, idx)), path);
         } else {
             double x = (double)lua_tonumber(L, idx);
             if (!isfinite(x))
                 sandbox_raise(L, "%s: %g is not a finite number", shown(path), x);
-            attach(L, parent, key, json_real(x), path);
+            attach(L, d, parent, key, json_real(x), path);
         }
         return;
     case LUA_TSTRING: {
@@ -204,7 +221,7 @@ static void put(lua_State *L, int idx, raw_doc *d, json_t *parent, const char *k
         json_t *v = json_stringn(s, n);
         if (!v)
             sandbox_raise(L, "%s: the string is not valid UTF-8 text", shown(path));
-        attach(L, parent, key, v, path);
+        attach(L, d, parent, key, v, path);
         return;
     }
     case LUA_TTABLE:
@@ -212,7 +229,7 @@ static void put(lua_State *L, int idx, raw_doc *d, json_t *parent, const char *k
         return;
     case LUA_TUSERDATA:
         if (sugar_is_none(L, idx)) {
-            attach(L, parent, key, json_null(), path);
+            attach(L, d, parent, key, json_null(), path);
             return;
         }
         break;

@@ -3,7 +3,8 @@
  * options, remembered in `specs` with their plugin name, path and position for schema.c.
  * The Lua side runs inside sandbox_run and raises Lua errors ("model.x: ..."); everything it
  * allocates hangs off the raw_doc as soon as it exists, so the caller frees it all even when
- * a conversion stops half-way. */
+ * a conversion stops half-way. The JSON counts against the sandbox's memory cap: a string or
+ * table that many keys share is one Lua object but one copy per key in JSON. */
 #ifndef K3RT_RECIPE_CONVERT_H
 #define K3RT_RECIPE_CONVERT_H
 
@@ -23,6 +24,7 @@ typedef struct raw_doc {
     int n_specs, cap_specs;
     char pos[SANDBOX_POS_MAX];    /* where k3.recipe{} was called, "" when it was not */
     int has_on_step;
+    size_t bytes;                 /* what the JSON built so far holds, charged to the cap */
 } raw_doc;
 
 void raw_doc_free(raw_doc *d);

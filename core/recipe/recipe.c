@@ -136,6 +136,7 @@ static int load(recipe *r, const char *const *overrides, int n, const recipe_lim
     K3RT_TRY(validate(r, overrides, n, err));
     if (json_is_true(json_object_get(r->doc, "has_on_step")))
         K3RT_TRY(sandbox_run(&r->sb, grab_on_step, r, err));
+    r->sugar.frozen = 1;
     return K3RT_OK;
 }
 

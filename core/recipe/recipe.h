@@ -40,7 +40,10 @@
  *
  * The sandbox: base functions without load/loadfile/dofile/collectgarbage/require (and
  * setmetatable refuses __gc), string without dump, table, math (seeded with 0), utf8, k3; text
- * chunks only; a memory cap and an instruction budget per entry into Lua (recipe_limits).
+ * chunks only; a memory cap, an instruction budget and a wall-clock limit per entry into Lua
+ * (recipe_limits), with the C functions that could run long in one call metered (sandbox.h).
+ * k3.plugin loads a plugin file only while the recipe loads (its top level and --set); from
+ * on_step it reaches only files already loaded.
  * Messages read "file:line: what: ..." with the line of the k3.NAME{} or k3.recipe{} call;
  * when the recipe alone is valid but not after --set, they start with the overrides instead.
  */
@@ -56,8 +59,10 @@
 typedef struct recipe recipe;
 
 typedef struct recipe_limits {
-    size_t memory_bytes;        /* Lua allocations cap (default 64 MiB) */
+    size_t memory_bytes;        /* Lua allocations cap, including the recipe's conversion to
+                                   JSON (default 64 MiB) */
     int64_t instructions;       /* VM instruction budget per entry into Lua (default 1e8) */
+    double seconds;             /* wall-clock limit per entry into Lua (default 10 s) */
 } recipe_limits;
 
 /* Loads and validates `path`. reg must outlive the recipe (on_step and recipe_spec_plugin

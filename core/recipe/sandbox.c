@@ -8,8 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/log.h"
+
 #define DEFAULT_MEMORY ((size_t)64 << 20)
 #define DEFAULT_INSTRUCTIONS ((int64_t)100000000)
+#define DEFAULT_SECONDS 10.0
+#define WATCHDOG_GRACE(s) ((s) > 2 ? (s) : 2) /* the watchdog acts at limit + this */
 #define HOOK_EVERY 1000 /* instructions between two budget checks */
 
 static const char ENV_KEY = 0; /* registry key (its address) of the environment table */
@@ -42,28 +46,79 @@ static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     return p;
 }
 
-static void count_hook(lua_State *L, lua_Debug *ar)
+static sandbox *sandbox_of(lua_State *L)
 {
     void *ud;
     lua_getallocf(L, &ud);
-    sandbox *sb = ud;
+    return ud;
+}
+
+static void count_hook(lua_State *L, lua_Debug *ar);
+
+/* From now on every instruction raises, so a recipe that catches the error with pcall cannot
+ * go on: its next instruction outside the pcall raises again. */
+static void stop_everything(lua_State *L, sandbox *sb)
+{
+    if (!sb->over_budget)
+        lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
+    sb->over_budget = 1;
+}
+
+static void count_hook(lua_State *L, lua_Debug *ar)
+{
+    sandbox *sb = sandbox_of(L);
     sb->spent += HOOK_EVERY;
     if (lua_getinfo(L, "Sl", ar)) {
         snprintf(sb->last_src, sizeof sb->last_src, "%s", ar->short_src);
         sb->last_line = ar->currentline;
     }
-    if (sb->spent > sb->budget) {
-        /* From now on every instruction raises, so a recipe that catches the error with
-         * pcall cannot go on: its next instruction outside the pcall raises again. */
-        if (!sb->over_budget)
-            lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
-        sb->over_budget = 1;
+    if (!sb->over_time && time_now() > sb->deadline)
+        sb->over_time = 1;
+    if (sb->spent > sb->budget || sb->over_time) {
+        stop_everything(L, sb);
         /* Not luaL_error: inside a hook, level 1 would be the caller of the running line. */
-        lua_pushfstring(L, "%s:%d: recipe exceeded its instruction budget of %I instructions "
-                        "(an endless loop?)", sb->last_src, sb->last_line,
-                        (lua_Integer)sb->budget);
+        if (sb->over_time)
+            lua_pushfstring(L, "%s:%d: recipe exceeded its time limit of %f s (an endless "
+                            "loop?)", sb->last_src, sb->last_line, sb->seconds);
+        else
+            lua_pushfstring(L, "%s:%d: recipe exceeded its instruction budget of %I "
+                            "instructions (an endless loop?)", sb->last_src, sb->last_line,
+                            (lua_Integer)sb->budget);
         lua_error(L);
     }
+}
+
+void sandbox_limit_error(lua_State *L, const char *msg)
+{
+    stop_everything(L, sandbox_of(L));
+    luaL_error(L, "%s", msg);
+}
+
+size_t sandbox_memory_left(lua_State *L)
+{
+    sandbox *sb = sandbox_of(L);
+    return sb->limit - sb->used;
+}
+
+void sandbox_charge(lua_State *L, double work, const char *what)
+{
+    sandbox *sb = sandbox_of(L);
+    if (!sb->over_time && time_now() > sb->deadline)
+        sb->over_time = 1;
+    double left = (double)(sb->budget - sb->spent);
+    if (!sb->over_time && !sb->over_budget && work <= left) {
+        sb->spent += (int64_t)work;
+        return;
+    }
+    char msg[256];
+    if (sb->over_time)
+        snprintf(msg, sizeof msg, "%s: recipe exceeded its time limit of %g s", what,
+                 sb->seconds);
+    else
+        snprintf(msg, sizeof msg, "%s: up to %.3g steps in one call, more than the %.0f left of "
+                 "the recipe's instruction budget of %lld", what, work, left > 0 ? left : 0,
+                 (long long)sb->budget);
+    sandbox_limit_error(L, msg);
 }
 
 /* The message handler of lua.c: a string message gets a traceback; other error objects are
@@ -137,13 +192,20 @@ int sandbox_run(sandbox *sb, lua_CFunction fn, void *ud, k3rt_error *err)
     sb->spent = 0;
     if (sb->over_budget)
         lua_sethook(L, count_hook, LUA_MASKCOUNT, HOOK_EVERY);
-    sb->over_memory = sb->over_budget = 0;
+    sb->over_memory = sb->over_budget = sb->over_time = 0;
     sb->last_src[0] = '\0';
     sb->last_line = 0;
+    sb->deadline = time_now() + sb->seconds;
+    char stuck[400];
+    snprintf(stuck, sizeof stuck, "k3rt: %s: recipe code ran %g s past its time limit of %g s "
+             "inside a call the sandbox cannot interrupt; the process stops here", sb->name,
+             WATCHDOG_GRACE(sb->seconds), sb->seconds);
+    watchdog_arm(sb->wd, sb->deadline + WATCHDOG_GRACE(sb->seconds), stuck);
     lua_pushcfunction(L, msgh);
     lua_pushcfunction(L, fn);
     lua_pushlightuserdata(L, ud);
     int st = lua_pcall(L, 1, 0, 1);
+    watchdog_disarm(sb->wd);
     int rc = K3RT_OK;
     if (st == LUA_ERRMEM || (st == LUA_ERRERR && sb->over_memory)) {
         memory_message(sb, err);
@@ -234,6 +296,7 @@ static int open_env(lua_State *L)
     lua_call(L, 1, 0);
     lua_setfield(L, env, LUA_MATHLIBNAME);
 
+    sandbox_meter_libs(L, env);
     lua_pushvalue(L, env);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &ENV_KEY);
     return 0;
@@ -246,6 +309,8 @@ int sandbox_open(sandbox *sb, const recipe_limits *limits, const char *name, k3r
     sb->limit = limits && limits->memory_bytes ? limits->memory_bytes : DEFAULT_MEMORY;
     sb->budget = limits && limits->instructions > 0 ? limits->instructions
                                                      : DEFAULT_INSTRUCTIONS;
+    sb->seconds = limits && limits->seconds > 0 ? limits->seconds : DEFAULT_SECONDS;
+    K3RT_TRY(watchdog_start(&sb->wd, err));
     sb->L = lua_newstate(sandbox_alloc, sb);
     if (!sb->L)
         return k3rt_fail(err, K3RT_ERR_LIMIT, "%s: cannot create a Lua state within the "
@@ -261,4 +326,6 @@ void sandbox_close(sandbox *sb)
         lua_close(sb->L);
         sb->L = NULL;
     }
+    watchdog_stop(sb->wd);
+    sb->wd = NULL;
 }

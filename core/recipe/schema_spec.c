@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "plugin/named.h"
 #include "util/nearest.h"
 
 static const k3rt_option *opt_at(const k3rt_option *opts, uint32_t size, uint32_t i)
@@ -48,14 +49,8 @@ int schema_unknown_key(const char *what, const char *key, const char *const *nam
 const plugin_entry *schema_resolve(const registry *reg, const char *name, const char *path,
                                    int kind)
 {
-    if (path && *path) {
-        for (int i = 0; i < reg->n; i++) {
-            const plugin_entry *e = &reg->entries[i];
-            if (!strcmp(e->path, path) && (!kind || e->desc.kind == kind))
-                return e;
-        }
-        return NULL;
-    }
+    if (path && *path)
+        return registry_find_file(reg, path, kind);
     return registry_find(reg, name, kind);
 }
 

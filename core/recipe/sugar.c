@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plugin/named.h"
 #include "util/fs.h"
 
 /* Registry keys (their addresses). Writable so that no two can share an address. */
@@ -85,8 +86,12 @@ static int k3_plugin(lua_State *L)
         /* One canonical path, so the engine's registry_load_file finds this very entry. */
         if (!realpath(joined, full))
             snprintf(full, sizeof full, "%s", joined);
-        const plugin_entry *e;
-        if (registry_load_file(c->reg, full, &e, &err) != K3RT_OK)
+        const plugin_entry *e = c->frozen ? registry_find_file(c->reg, full, 0) : NULL;
+        if (c->frozen && !e)
+            return luaL_error(L, "k3.plugin: %s is not loaded, and plugin files load only "
+                              "while the recipe loads (its top level and --set), never from "
+                              "on_step mid-run; load it at the top of the recipe", full);
+        if (!e && registry_load_file(c->reg, full, &e, &err) != K3RT_OK)
             return luaL_error(L, "k3.plugin: %s", err.msg);
         char name[64], path[1024];
         snprintf(name, sizeof name, "%s", e->desc.name);

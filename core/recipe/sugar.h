@@ -17,6 +17,8 @@
 typedef struct sugar_ctx {
     registry *reg;
     char base_dir[1024]; /* k3.plugin resolves relative paths against the recipe's folder */
+    int frozen;          /* set once the recipe has loaded: k3.plugin(path) then reaches only
+                            files already loaded (on_step cannot load code mid-run) */
 } sugar_ctx;
 
 typedef struct spec_info {

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "util/fault.h"
 #include "util/fs.h"
 
 #define CKPT_PATH_MAX 4096
@@ -152,23 +153,41 @@ int ckpt_begin(const char *root, int64_t step, char *tmpdir, size_t len, k3rt_er
     return put_path(tmpdir, len, tmp, err);
 }
 
-/* Drops complete checkpoints beyond the newest `keep` and leftovers of interrupted saves. */
-static int prune(const char *root, int keep, k3rt_error *err)
+void ckpt_run_id(const char *dir, char *id, size_t len)
+{
+    char path[CKPT_PATH_MAX];
+    json_t *m = json_load_file(fs_join(path, sizeof path, dir, "manifest.json"), 0, NULL);
+    const char *s = json_string_value(json_object_get(json_object_get(m, "run"), "id"));
+    snprintf(id, len, "%s", s ? s : "");
+    json_decref(m);
+}
+
+/* Drops complete checkpoints of run_id beyond its newest `keep`, and leftovers of interrupted
+ * saves. */
+static int prune(const char *root, int keep, const char *run_id, k3rt_error *err)
 {
     ckpt_scan s;
     K3RT_TRY(scan_root(root, &s, err));
-    int rc = K3RT_OK;
-    char path[CKPT_PATH_MAX];
-    for (int i = keep > 0 ? keep : s.n; i < s.n && !rc; i++)
-        if (!(rc = step_path(path, sizeof path, root, s.steps[i], 0, err)))
+    int rc = K3RT_OK, kept = 0;
+    char path[CKPT_PATH_MAX], id[256];
+    for (int i = 0; i < s.n && !rc && keep > 0; i++) {
+        if ((rc = step_path(path, sizeof path, root, s.steps[i], 0, err)))
+            break;
+        if (run_id) {
+            ckpt_run_id(path, id, sizeof id);
+            if (strcmp(id, run_id))
+                continue; /* another run's: never ours to remove */
+        }
+        if (++kept > keep)
             rc = fs_remove_tree(path, err);
+    }
     for (int i = 0; i < s.ntmp && !rc; i++)
         rc = fs_remove_tree(fs_join(path, sizeof path, root, s.tmps[i]), err);
     scan_free(&s);
     return rc;
 }
 
-int ckpt_commit(const char *root, int64_t step, int keep, k3rt_error *err)
+int ckpt_commit(const char *root, int64_t step, int keep, const char *run_id, k3rt_error *err)
 {
     char tmp[CKPT_PATH_MAX], final[CKPT_PATH_MAX], done[CKPT_PATH_MAX], old[CKPT_PATH_MAX];
     K3RT_TRY(step_path(tmp, sizeof tmp, root, step, 1, err));
@@ -181,6 +200,7 @@ int ckpt_commit(const char *root, int64_t step, int keep, k3rt_error *err)
     /* fs_write_atomic fsyncs the directory it writes into, which covers every file written
      * there before DONE. */
     K3RT_TRY(fs_write_atomic(fs_join(done, sizeof done, tmp, "DONE"), marker, (size_t)n, err));
+    fault_point("ckpt.done", step);
     /* rename() cannot replace a non-empty directory: an existing step_N (a save at the same
      * step again) moves aside first and goes once the new one is in place. */
     int replaced = 0;
@@ -196,12 +216,33 @@ int ckpt_commit(const char *root, int64_t step, int keep, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot rename to %s: %s", tmp, final,
                          strerror(errno));
     K3RT_TRY(fs_fsync_dir(root, err));
+    fault_point("ckpt.renamed", step);
     if (replaced)
         K3RT_TRY(fs_remove_tree(old, err));
-    int rc = prune(root, keep, err);
+    int rc = prune(root, keep, run_id, err);
     if (rc)
         return k3rt_error_prefix(err, "checkpoint %s committed, but pruning failed: ", final);
     return K3RT_OK;
+}
+
+int ckpt_list(const char *root, int64_t **steps, int *n, k3rt_error *err)
+{
+    *steps = NULL;
+    *n = 0;
+    ckpt_scan s;
+    int rc = scan_root(root, &s, err);
+    if (rc == K3RT_ERR_NOT_FOUND)
+        return K3RT_OK;
+    K3RT_TRY(rc);
+    free(s.tmps);
+    *steps = s.steps;
+    *n = s.n;
+    return K3RT_OK;
+}
+
+int ckpt_dir(const char *root, int64_t step, char *buf, size_t len, k3rt_error *err)
+{
+    return step_path(buf, len, root, step, 0, err);
 }
 
 int ckpt_latest(const char *root, int64_t *step, char *dir, size_t len, k3rt_error *err)
@@ -253,6 +294,35 @@ static int manifest_int(const char *path, const json_t *m, const char *key, json
     return K3RT_OK;
 }
 
+/* The folder name (when it is step_N) and the DONE marker must give the manifest's step. */
+static int check_step_names(const char *dir, json_int_t step, k3rt_error *err)
+{
+    char base[CKPT_PATH_MAX], done[CKPT_PATH_MAX];
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    snprintf(base, sizeof base, "%.*s", (int)n, dir);
+    const char *slash = strrchr(base, '/');
+    int64_t named;
+    if (parse_step_name(slash ? slash + 1 : base, &named) && named != step)
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: the folder is named for step %lld but its "
+                         "manifest says step %lld (a renamed or mixed-up checkpoint)", dir,
+                         (long long)named, (long long)step);
+    char *text = NULL;
+    size_t len = 0;
+    k3rt_error ignored = {0};
+    if (fs_read_file(fs_join(done, sizeof done, dir, "DONE"), &text, &len, &ignored))
+        return K3RT_OK; /* completeness is checked where checkpoints are listed */
+    long long marked = -1;
+    int ok = sscanf(text, "step %lld", &marked) == 1 && marked == step;
+    free(text);
+    if (!ok)
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: its DONE marker says step %lld but its "
+                         "manifest says step %lld (a mixed-up checkpoint)", dir, marked,
+                         (long long)step);
+    return K3RT_OK;
+}
+
 static int check_manifest(const char *path, const json_t *m, k3rt_error *err)
 {
     if (!json_is_object(m))
@@ -294,6 +364,8 @@ int ckpt_read_manifest(const char *dir, json_t **out, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_FORMAT, "%s:%d:%d: %s", path, je.line, je.column,
                          je.text);
     int rc = check_manifest(path, m, err);
+    if (!rc)
+        rc = check_step_names(dir, json_integer_value(json_object_get(m, "step")), err);
     if (rc) {
         json_decref(m);
         return rc;

@@ -24,8 +24,18 @@
 /* Creates (emptying any stale one) <root>/step_N.tmp and returns its path in tmpdir. */
 int ckpt_begin(const char *root, int64_t step, char *tmpdir, size_t len, k3rt_error *err);
 /* Writes DONE into the tmp directory and renames it to <root>/step_N (replacing an existing
- * step_N), then keeps only the newest `keep` complete checkpoints (keep <= 0: keep all). */
-int ckpt_commit(const char *root, int64_t step, int keep, k3rt_error *err);
+ * step_N), then keeps only the newest `keep` complete checkpoints (keep <= 0: keep all) of the
+ * run `run_id`: a checkpoint whose manifest names another run (or none) is never removed.
+ * run_id NULL prunes every complete checkpoint (tools and tests without manifests). */
+int ckpt_commit(const char *root, int64_t step, int keep, const char *run_id, k3rt_error *err);
+/* Steps of the complete checkpoints under root, newest first, into *steps (free it; NULL and
+ * *n = 0 when there are none, or the root does not exist). */
+int ckpt_list(const char *root, int64_t **steps, int *n, k3rt_error *err);
+/* <root>/step_NNNNNNNN into buf. */
+int ckpt_dir(const char *root, int64_t step, char *buf, size_t len, k3rt_error *err);
+/* The run a checkpoint belongs to: its manifest's run.id into id, "" when it has none or the
+ * manifest cannot be read. */
+void ckpt_run_id(const char *dir, char *id, size_t len);
 /* The newest complete checkpoint (has DONE, no .tmp suffix): its step and directory.
  * K3RT_ERR_NOT_FOUND when there is none. */
 int ckpt_latest(const char *root, int64_t *step, char *dir, size_t len, k3rt_error *err);

@@ -4,20 +4,22 @@
 #include <string.h>
 
 #include "train/checkpoint.h"
+#include "train/ckpt_manifest.h"
+#include "train/ckpt_verify.h"
 #include "train/train_internal.h"
 #include "util/fs.h"
 
-int ckpt_model_open(ckpt_model *c, const char *path, const char *plugin_path, int threads,
+int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugins, int threads,
                     k3rt_error *err)
 {
     memset(c, 0, sizeof *c);
     K3RT_TRY(ckpt_resolve(path, c->dir, sizeof c->dir, err));
     K3RT_TRY(ckpt_read_manifest(c->dir, &c->manifest, err));
+    K3RT_TRY(registry_open(&c->reg, plugins, err));
+    K3RT_TRY(ckpt_check_manifest(c->manifest, &c->reg, c->dir, err));
     c->doc = json_object_get(c->manifest, "config");
+    K3RT_TRY(ckpt_verify(c->dir, c->manifest, err));
     const json_t *mdoc = json_object_get(c->doc, "model");
-    if (!json_is_object(mdoc))
-        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s/manifest.json: no config.model", c->dir);
-    K3RT_TRY(registry_init(&c->reg, plugin_path, err));
     K3RT_TRY(k3rt_stream_create(K3RT_DEVICE_CPU, K3RT_STREAM_COMPUTE, &c->stream, err));
     if (threads > 0)
         k3rt_stream_set_threads(c->stream, threads);

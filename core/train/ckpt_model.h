@@ -4,6 +4,7 @@
 #define K3RT_CKPT_MODEL_H
 
 #include "model/model.h"
+#include "plugin/named.h"
 
 typedef struct ckpt_model {
     registry reg;
@@ -15,7 +16,7 @@ typedef struct ckpt_model {
 } ckpt_model;
 
 /* path: a checkpoint directory or a run's checkpoints root (newest complete checkpoint). */
-int ckpt_model_open(ckpt_model *c, const char *path, const char *plugin_path, int threads,
+int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugins, int threads,
                     k3rt_error *err);
 void ckpt_model_close(ckpt_model *c);
 

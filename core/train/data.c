@@ -267,6 +267,16 @@ int64_t data_val_windows(const token_stream *s, int64_t T)
     return (s->n - 1 + T - 1) / T;
 }
 
+int data_check_val(const token_stream *s, const char *what, k3rt_error *err)
+{
+    if (s->n >= 2)
+        return K3RT_OK;
+    return k3rt_fail(err, K3RT_ERR_INVALID, "%s: the validation split has %lld token%s; a "
+                     "loss needs at least 2 (an input and its target): give a longer "
+                     "validation shard, or a larger data.val_fraction", what, (long long)s->n,
+                     s->n == 1 ? "" : "s");
+}
+
 int data_val_window(const token_stream *s, int64_t w, int64_t T, int32_t *inputs,
                     int32_t *targets, k3rt_error *err)
 {

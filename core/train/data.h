@@ -41,6 +41,9 @@ int data_batch(const token_stream *s, uint64_t seed, int64_t index, int64_t B, i
  * s[w*T .. w*T+T) and targets s[w*T+1 .. w*T+T+1). The last window may be short: its missing
  * positions get input 0 and target -1 (ignored by the loss). */
 int64_t data_val_windows(const token_stream *s, int64_t T);
+/* A split gives a loss only with at least one (input, target) pair: 2 tokens. Refuses a
+ * shorter one, naming `what` (its file) and the fix. */
+int data_check_val(const token_stream *s, const char *what, k3rt_error *err);
 int data_val_window(const token_stream *s, int64_t w, int64_t T, int32_t *inputs,
                     int32_t *targets, k3rt_error *err);
 

@@ -4,9 +4,12 @@
 
 #include "plugin/sinks.h"
 #include "train/checkpoint.h"
+#include "train/ckpt_verify.h"
 #include "train/safetensors.h"
 #include "train/train_internal.h"
+#include "util/fault.h"
 #include "util/fs.h"
+#include "util/json_diff.h"
 #include "util/log.h"
 
 /* Every module's (and the optimizer's) state tensors under their full names. */
@@ -92,7 +95,7 @@ static void free_owned(void **owned, int n)
 }
 
 /* The master weights (fp32 under bf16 compute): what resuming and evaluation need. */
-static int write_weights(const model *m, const char *path, k3rt_error *err)
+static int write_weights(const model *m, const char *path, json_t **sums, k3rt_error *err)
 {
     st_entry *e = calloc((size_t)m->n_params, sizeof *e);
     void **owned = calloc((size_t)m->n_params, sizeof *owned);
@@ -102,6 +105,8 @@ static int write_weights(const model *m, const char *path, k3rt_error *err)
         rc = entry_data(&e[i], &m->params[i].master, m->opt.stream, &owned[i], err);
     }
     json_t *meta = json_pack("{s:s}", "format", "k3rt");
+    if (!rc && !(*sums = ckpt_checksums(e, m->n_params)))
+        rc = k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     if (!rc)
         rc = st_write(path, e, m->n_params, meta, err);
     json_decref(meta);
@@ -110,7 +115,7 @@ static int write_weights(const model *m, const char *path, k3rt_error *err)
     return rc;
 }
 
-static int write_state(rank_ctx *c, const char *path, k3rt_error *err)
+static int write_state(rank_ctx *c, const char *path, json_t **sums, k3rt_error *err)
 {
     named_state s;
     memset(&s, 0, sizeof s);
@@ -131,6 +136,8 @@ static int write_state(rank_ctx *c, const char *path, k3rt_error *err)
             e[k].name = names[k];
             rc = entry_data(&e[k], &it->t, c->stream, &owned[k], err);
         }
+    if (!rc && !(*sums = ckpt_checksums(e, k)))
+        rc = k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     if (!rc)
         rc = st_write(path, e, k, NULL, err);
     free(e);
@@ -144,31 +151,44 @@ int ckpt_save_run(rank_ctx *c, int64_t step, k3rt_error *err)
 {
     run *r = c->r;
     char dir[1200], path[1300];
+    json_t *wsums = NULL, *ssums = NULL;
     K3RT_TRY(ckpt_begin(r->ckpt_root, step, dir, sizeof dir, err));
-    K3RT_TRY(write_weights(&c->m, fs_join(path, sizeof path, dir, "model.safetensors"), err));
-    K3RT_TRY(write_state(c, fs_join(path, sizeof path, dir, "state.safetensors"), err));
+    int rc = write_weights(&c->m, fs_join(path, sizeof path, dir, "model.safetensors"), &wsums,
+                           err);
+    fault_point("ckpt.weights", step);
+    if (!rc)
+        rc = write_state(c, fs_join(path, sizeof path, dir, "state.safetensors"), &ssums, err);
+    fault_point("ckpt.state", step);
+    if (rc) {
+        json_decref(wsums);
+        json_decref(ssums);
+        return rc;
+    }
     pthread_mutex_lock(&r->lock);
     json_t *man = json_pack(
-        "{s:i, s:s, s:s, s:I, s:{s:s, s:s, s:s}, s:O, s:o, s:O, s:O, s:{s:I, s:I}, s:{s:I}, "
-        "s:{s:f, s:f}}",
+        "{s:i, s:s, s:s, s:I, s:O, s:{s:s, s:s, s:s}, s:O, s:o, s:O, s:O, s:{s:I, s:I}, "
+        "s:{s:I}, s:{s:f, s:f}, s:{s:o, s:o}}",
         "format", 1, "k3rt_version", k3rt_version_string(), "abi", "1.0", "step",
-        (json_int_t)step, "recipe", "path", recipe_path(r->rec), "text", recipe_text(r->rec),
+        (json_int_t)step, "run", r->identity, "recipe", "path", recipe_path(r->rec), "text",
+        recipe_text(r->rec),
         "sha256", recipe_hash(r->rec), "config", r->doc, "plugins",
         manifest_plugins(&c->m, &c->opt), "changes", r->changes, "balancer", r->balancer,
         "data", "cursor", (json_int_t)(step * r->accum * r->dp), "seed", (json_int_t)r->seed,
         "rng", "seed", (json_int_t)r->seed, "metrics", "train_loss", r->result.final_train_loss,
         "val_loss", r->result.final_val_loss == r->result.final_val_loss
-                        ? r->result.final_val_loss : -1.0);
+                        ? r->result.final_val_loss : -1.0,
+        "tensors", "model.safetensors", wsums, "state.safetensors", ssums);
     pthread_mutex_unlock(&r->lock);
     char *text = man ? json_dumps(man, JSON_INDENT(1) | JSON_REAL_PRECISION(17)) : NULL;
     json_decref(man);
     if (!text)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "checkpoint: cannot build the manifest");
-    int rc = fs_write_atomic(fs_join(path, sizeof path, dir, "manifest.json"), text,
-                             strlen(text), err);
+    rc = fs_write_atomic(fs_join(path, sizeof path, dir, "manifest.json"), text, strlen(text),
+                         err);
     free(text);
     K3RT_TRY(rc);
-    K3RT_TRY(ckpt_commit(r->ckpt_root, step, (int)r->keep, err));
+    fault_point("ckpt.manifest", step);
+    K3RT_TRY(ckpt_commit(r->ckpt_root, step, (int)r->keep, r->run_id, err));
     if (!r->opt.quiet)
         log_info("step %lld: checkpoint %s/step_%08lld", (long long)step, r->ckpt_root,
                  (long long)step);
@@ -251,37 +271,8 @@ int ckpt_load_run(rank_ctx *c, k3rt_error *err)
     char path[1300];
     K3RT_TRY(ckpt_load_weights(&c->m, fs_join(path, sizeof path, r->resume_dir,
                                               "model.safetensors"), err));
-    K3RT_TRY(ckpt_load_states(&c->m, &c->opt, fs_join(path, sizeof path, r->resume_dir,
-                                                     "state.safetensors"), err));
-    if (c->rank == 0 && !r->opt.quiet)
-        log_info("resumed from %s (step %lld)", r->resume_dir, (long long)r->start_step);
-    return K3RT_OK;
-}
-
-/* The first key path where two JSON values differ, into buf; 0 when equal. */
-static int first_difference(const json_t *a, const json_t *b, const char *path, char *buf,
-                            size_t len)
-{
-    if (json_equal(a, b))
-        return 0;
-    if (json_is_object(a) && json_is_object(b)) {
-        const char *k;
-        json_t *v;
-        json_object_foreach((json_t *)a, k, v) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", k);
-            if (first_difference(v, json_object_get(b, k), sub, buf, len))
-                return 1;
-        }
-        json_object_foreach((json_t *)b, k, v) {
-            if (!json_object_get(a, k)) {
-                snprintf(buf, len, "%s%s%s", path, *path ? "." : "", k);
-                return 1;
-            }
-        }
-    }
-    snprintf(buf, len, "%s", path);
-    return 1;
+    return ckpt_load_states(&c->m, &c->opt, fs_join(path, sizeof path, r->resume_dir,
+                                                   "state.safetensors"), err);
 }
 
 int ckpt_check_compatible(run *r, k3rt_error *err)
@@ -304,7 +295,7 @@ int ckpt_check_compatible(run *r, k3rt_error *err)
     json_object_del(om, "balancer");
     json_object_del(nm, "balancer");
     char where[256];
-    int differs = first_difference(om, nm, "model", where, sizeof where);
+    int differs = json_first_difference(om, nm, "model", where, sizeof where);
     json_decref(om);
     json_decref(nm);
     if (differs)
@@ -317,10 +308,10 @@ int ckpt_check_compatible(run *r, k3rt_error *err)
                          "optimizer %s, this run uses %s", r->resume_dir,
                          json_string_value(json_object_get(oo, "plugin")),
                          json_string_value(json_object_get(no, "plugin")));
-    if (first_difference(json_object_get(old, "train"), json_object_get(r->doc, "train"),
+    if (json_first_difference(json_object_get(old, "train"), json_object_get(r->doc, "train"),
                          "train", where, sizeof where))
         log_info("note: --resume with a changed training setting (%s): allowed", where);
-    if (first_difference(oo, no, "optimizer", where, sizeof where))
+    if (json_first_difference(oo, no, "optimizer", where, sizeof where))
         log_info("note: --resume with a changed optimizer setting (%s): allowed", where);
     return K3RT_OK;
 }

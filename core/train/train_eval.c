@@ -50,6 +50,9 @@ int eval_split(rank_ctx *c, const token_stream *s, int64_t max_windows, double *
     K3RT_TRY(eval_windows(&c->m, s, r->B, r->T, c->rank, r->dp, max_windows, acc, err));
     if (r->dp > 1)
         K3RT_TRY(k3rt_all_reduce(c->dp, c->stream, acc, acc, 2, K3RT_F64, K3RT_REDUCE_SUM, err));
-    *mean = acc[1] > 0 ? acc[0] / acc[1] : 0;
+    if (!(acc[1] > 0))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "evaluation: no validation target was scored "
+                         "(a split of %lld tokens)", (long long)s->n);
+    *mean = acc[0] / acc[1];
     return K3RT_OK;
 }

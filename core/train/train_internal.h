@@ -32,6 +32,8 @@ typedef struct run {
     int64_t start_step;           /* steps already done (resume) */
     char resume_dir[1200];
     json_t *manifest;             /* of the checkpoint resumed from */
+    json_t *identity;             /* {id, recipe_sha256, seed, started}: in every manifest */
+    char run_id[160];             /* identity.id: the lineage pruning keeps to */
     json_t *changes;              /* mid-run changes applied so far: [{step, balancer}] */
     json_t *balancer;             /* the balancer spec in effect */
     k3rt_comm **comms;
@@ -60,6 +62,11 @@ typedef struct rank_ctx {
     int rc;
     k3rt_error err;
 } rank_ctx;
+
+/* train_resume.c: the output folder, the run identity and the resume point (fresh runs
+ * refuse a folder with checkpoints unless --force; --resume falls back past unusable
+ * checkpoints); opens the metrics file. */
+int output_prepare(run *r, k3rt_error *err);
 
 /* train_setup.c */
 int run_setup(run *r, const train_options *o, k3rt_error *err);

@@ -298,6 +298,15 @@ static int maybe_checkpoint(rank_ctx *c, int64_t step, k3rt_error *err)
     int last = stopping_at(r, step);
     if (!last && !(r->ckpt_interval > 0 && step % r->ckpt_interval == 0))
         return K3RT_OK;
+    /* Every rank has the same streak (the loss is all-reduced): all skip or none. A save now
+     * would become the newest checkpoint, and rotation would delete the last good one. */
+    if (c->bad_in_row > 0) {
+        if (c->rank == 0)
+            log_warn("step %lld: checkpoint skipped: the run is in a streak of %d non-finite "
+                     "step%s; the newest checkpoint stays the last one before it",
+                     (long long)step, c->bad_in_row, c->bad_in_row > 1 ? "s" : "");
+        return K3RT_OK;
+    }
     int rc = c->rank == 0 ? ckpt_save_run(c, step, err) : K3RT_OK;
     if (r->dp > 1) {
         int64_t ok = rc == K3RT_OK;

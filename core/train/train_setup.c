@@ -7,9 +7,9 @@
 #include "backend/backend.h"
 #include "comm/comm_impl.h"
 #include "train/checkpoint.h"
-#include "backend/backend.h"
 #include "train/peak.h"
 #include "train/train_internal.h"
+#include "util/checked.h"
 #include "util/fs.h"
 #include "util/log.h"
 
@@ -128,6 +128,8 @@ static int load_data(run *r, k3rt_error *err)
         K3RT_TRY(data_load_bytes(get_str(data, "path"), get_num(data, "val_fraction"), &r->train,
                                  &r->val, err));
     }
+    const char *val = tok && !strcmp(tok, "shards") ? get_str(data, "val") : get_str(data, "path");
+    K3RT_TRY(data_check_val(&r->val, val, err));
     int64_t vocab = get_int(json_object_get(r->doc, "model"), "vocab");
     int32_t top = r->train.max_token > r->val.max_token ? r->train.max_token : r->val.max_token;
     if (top >= vocab)
@@ -161,45 +163,25 @@ static int read_train_section(run *r, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_INVALID, "train.steps must be >= 1 and optimizer.lr > 0");
     if (r->log_interval < 1)
         r->log_interval = 1;
+    /* Token counts and data cursors are steps x micro_batch x seq_len x grad_accum x dp and
+     * evaluation windows eval_batches x micro_batch: each must fit 64 bits. */
+    int bad = 0;
+    ck_mul(&bad, ck_mul(&bad, ck_mul(&bad, ck_mul(&bad, r->steps, r->B), r->T), r->accum),
+           r->dp);
+    if (bad)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "train.steps = %lld x plan.micro_batch = %lld x "
+                         "plan.seq_len = %lld x plan.grad_accum = %lld x plan.dp = %d tokens: "
+                         "too large (the count does not fit 64 bits)", (long long)r->steps,
+                         (long long)r->B, (long long)r->T, (long long)r->accum, r->dp);
+    ck_mul(&bad, ck_mul(&bad, r->eval_batches, r->B), r->T);
+    if (bad)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "train.eval_batches = %lld x plan.micro_batch = "
+                         "%lld x plan.seq_len = %lld: too large (the count does not fit 64 "
+                         "bits)", (long long)r->eval_batches, (long long)r->B, (long long)r->T);
     r->changes = json_array();
     r->balancer = json_deep_copy(json_object_get(json_object_get(r->doc, "model"), "balancer"));
     return r->changes && r->balancer ? K3RT_OK
                                      : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
-}
-
-static int prepare_output(run *r, k3rt_error *err)
-{
-    const char *out = r->opt.out_dir ? r->opt.out_dir : get_str(r->doc, "out");
-    snprintf(r->out, sizeof r->out, "%s", out ? out : "runs/k3rt");
-    fs_join(r->ckpt_root, sizeof r->ckpt_root, r->out, "checkpoints");
-    if (r->opt.dry_run)
-        return K3RT_OK;
-    K3RT_TRY(fs_mkdirs(r->ckpt_root, err));
-    if (r->opt.resume) {
-        int64_t step;
-        int rc = ckpt_latest(r->ckpt_root, &step, r->resume_dir, sizeof r->resume_dir, err);
-        if (rc == K3RT_ERR_NOT_FOUND)
-            return k3rt_fail(err, rc, "--resume: no complete checkpoint under %s",
-                             r->ckpt_root);
-        K3RT_TRY(rc);
-        K3RT_TRY(ckpt_read_manifest(r->resume_dir, &r->manifest, err));
-        K3RT_TRY(ckpt_check_compatible(r, err));
-        r->start_step = step;
-        json_t *changes = json_object_get(r->manifest, "changes");
-        size_t i;
-        json_t *c;
-        json_array_foreach(changes, i, c) {
-            json_array_append(r->changes, c);
-            json_decref(r->balancer);
-            r->balancer = json_deep_copy(json_object_get(c, "balancer"));
-        }
-    }
-    char path[1200];
-    fs_join(path, sizeof path, r->out, "metrics.jsonl");
-    r->metrics = fopen(path, r->opt.resume ? "ab" : "wb");
-    if (!r->metrics)
-        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot open for writing", path);
-    return K3RT_OK;
 }
 
 int run_setup(run *r, const train_options *o, k3rt_error *err)
@@ -209,7 +191,7 @@ int run_setup(run *r, const train_options *o, k3rt_error *err)
     pthread_mutex_init(&r->lock, NULL);
     r->result.final_val_loss = NAN;
     r->result.first_loss = NAN;
-    K3RT_TRY(registry_init(&r->reg, o->plugin_path, err));
+    K3RT_TRY(registry_open(&r->reg, &o->plugins, err));
     K3RT_TRY(recipe_load(o->recipe_path, &r->reg, o->overrides, o->n_overrides, NULL, &r->rec,
                          err));
     r->doc = recipe_json(r->rec);
@@ -217,9 +199,8 @@ int run_setup(run *r, const train_options *o, k3rt_error *err)
     K3RT_TRY(check_plan(r, plan, err));
     K3RT_TRY(choose_device(r, plan, err));
     K3RT_TRY(read_train_section(r, err));
-    K3RT_TRY(prepare_output(r, err));
-    if (!o->dry_run)
-        K3RT_TRY(load_data(r, err));
+    K3RT_TRY(output_prepare(r, err));
+    K3RT_TRY(load_data(r, err)); /* --dry-run too: a plan that cannot read its data is not one */
     return comm_local_create(r->dp, &r->comms, err);
 }
 
@@ -232,6 +213,7 @@ void run_free(run *r)
     if (r->metrics)
         fclose(r->metrics);
     json_decref(r->manifest);
+    json_decref(r->identity);
     json_decref(r->changes);
     json_decref(r->balancer);
     if (r->rec)

@@ -8,13 +8,16 @@
 #include <stdint.h>
 #include <k3rt/errors.h>
 
+#include "plugin/named.h"
+
 typedef struct train_options {
     const char *recipe_path;
     const char *const *overrides;   /* "--set" strings */
     int n_overrides;
     const char *out_dir;            /* NULL: the recipe's `out` */
-    const char *plugin_path;        /* extra plugin directories, ':'-separated */
-    int resume;                     /* continue from the newest complete checkpoint */
+    plugin_sources plugins;         /* --plugin-path directories and --plugin files */
+    int resume;                     /* continue from the newest usable checkpoint */
+    int force;                      /* a fresh run may replace the checkpoints in the folder */
     int dry_run;                    /* print the plan (parameters, rules, memory) and stop */
     int quiet;                      /* no progress lines */
     int no_sample;                  /* skip the final sample (tests) */

@@ -179,6 +179,11 @@ START_TEST(test_failing_variant)
     free(log);
     snprintf(path, sizeof path, "%s/out/loss_vs_flops.png", dir);
     assert_png(path);
+    /* The suite again in its folder: the base trains again there (its folder holds the
+     * previous base run's checkpoints, which the new run replaces). */
+    rc = tu_run(cmd, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "variants failed: broken ("), "%s\n%s", cmd, out);
+    free(out);
 }
 END_TEST
 

@@ -45,6 +45,10 @@ START_TEST(recipe_errors)
     snprintf(cmd, sizeof cmd, "%s train scripts/recipes/tiny_dense.lua --set "
              "data.path='\"nowhere.txt\"' --out %s", tu_k3rt_bin(), dir);
     expect_error(cmd, "nowhere.txt");
+    /* --dry-run reads the data too: a plan that cannot read its data is not one. */
+    snprintf(cmd, sizeof cmd, "%s train scripts/recipes/tiny_dense.lua --dry-run --set "
+             "data.path='\"nowhere.txt\"' --out %s", tu_k3rt_bin(), dir);
+    expect_error(cmd, "nowhere.txt");
     snprintf(cmd, sizeof cmd, "%s train %s/none.lua", tu_k3rt_bin(), dir);
     expect_error(cmd, "none.lua");
 }
@@ -93,6 +97,23 @@ START_TEST(corrupt_checkpoints_are_refused)
 }
 END_TEST
 
+/* Schema-legal sizes whose products overflow 64 bits: refused as too large before anything
+ * is built or allocated. */
+START_TEST(sizes_too_large)
+{
+    char dir[512], cmd[2048];
+    tu_tmpdir(dir, sizeof dir);
+    snprintf(cmd, sizeof cmd, "%s train scripts/recipes/tiny_dense.lua --dry-run --out %s "
+             "--set train.steps=1000000000000000 --set plan.micro_batch=1000000 "
+             "--set plan.seq_len=100000000", tu_k3rt_bin(), dir);
+    expect_error(cmd, "too large");
+    snprintf(cmd, sizeof cmd, "%s train scripts/recipes/tiny_dense.lua --dry-run --out %s "
+             "--set train.eval_batches=1000000000000000 --set plan.micro_batch=1000000 "
+             "--set plan.seq_len=100000", tu_k3rt_bin(), dir);
+    expect_error(cmd, "train.eval_batches");
+}
+END_TEST
+
 START_TEST(op_errors)
 {
     char dir[512], cmd[2048];
@@ -114,6 +135,7 @@ int main(void)
     tcase_add_test(tc, recipe_errors);
     tcase_add_test(tc, corrupt_shard);
     tcase_add_test(tc, corrupt_checkpoints_are_refused);
+    tcase_add_test(tc, sizes_too_large);
     tcase_add_test(tc, op_errors);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);

@@ -1,9 +1,11 @@
 /* Non-finite losses: the step is skipped and logged; too many in a row stop the run. */
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil/testutil.h"
 
-static int run_with_nan(int from, int count, char **log, char *out, size_t len)
+static int run_with_nan_and(int from, int count, const char *extra, char **log, char *out,
+                            size_t len)
 {
     char dir[512], recipe[1024], cmd[4096];
     tu_tmpdir(dir, sizeof dir);
@@ -23,8 +25,14 @@ static int run_with_nan(int from, int count, char **log, char *out, size_t len)
              "  data = { path = \"%s/data/tinyshakespeare.txt\" },\n"
              "}\n", K3RT_BINARY_DIR, from, count, tu_source_dir());
     tu_write_file(recipe, text);
-    snprintf(cmd, sizeof cmd, "%s train %s --out %s --no-sample", tu_k3rt_bin(), recipe, out);
+    snprintf(cmd, sizeof cmd, "%s train %s --out %s --no-sample %s", tu_k3rt_bin(), recipe, out,
+             extra);
     return tu_run(cmd, log);
+}
+
+static int run_with_nan(int from, int count, char **log, char *out, size_t len)
+{
+    return run_with_nan_and(from, count, "", log, out, len);
 }
 
 START_TEST(one_bad_step_is_skipped)
@@ -53,12 +61,32 @@ START_TEST(too_many_in_a_row_stop_the_run)
 }
 END_TEST
 
+/* Steps 4 and 5 non-finite, then step 6 too: the run stops. Checkpoints every step, one kept:
+ * the one left is step 3's, the last before the streak, not one saved during it. */
+START_TEST(no_checkpoint_during_a_streak)
+{
+    char *log = NULL, out[1024], path[1200];
+    int rc = run_with_nan_and(4, 5, "--set train.checkpoint_interval=1 "
+                              "--set train.keep_checkpoints=1", &log, out, sizeof out);
+    ck_assert_msg(rc == 1, "expected failure, got %d:\n%s", rc, log);
+    ck_assert_msg(strstr(log, "step 4: checkpoint skipped: the run is in a streak of 1 "
+                              "non-finite step;") &&
+                  strstr(log, "step 5: checkpoint skipped"), "%s", log);
+    free(log);
+    snprintf(path, sizeof path, "%s/checkpoints/step_00000003/DONE", out);
+    ck_assert_msg(access(path, F_OK) == 0, "the last good checkpoint is gone");
+    snprintf(path, sizeof path, "%s/checkpoints/step_00000005", out);
+    ck_assert_msg(access(path, F_OK) != 0, "a checkpoint was saved during the streak");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("nan");
     TCase *tc = tcase_create("nan");
     tcase_add_test(tc, one_bad_step_is_skipped);
     tcase_add_test(tc, too_many_in_a_row_stop_the_run);
+    tcase_add_test(tc, no_checkpoint_during_a_streak);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

@@ -249,3 +249,18 @@ const plugin_entry *tu_plugin(const char *name)
     snprintf(names[i], sizeof names[i], "%s", name);
     return loaded[i];
 }
+
+void tu_recipe_fixtures(registry *reg)
+{
+    static const char *const kinds[] = {"attention", "moe", "balancer", "optimizer",
+                                        "residual"};
+    k3rt_error err = {0};
+    TU_OK(registry_init(reg, NULL, &err), err);
+    for (int i = 0; i < 5; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/fixtures/recipe_fixture_%s.so", K3RT_BINARY_DIR,
+                 kinds[i]);
+        const plugin_entry *e;
+        TU_OK(registry_load_file(reg, path, &e, &err), err);
+    }
+}

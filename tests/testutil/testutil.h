@@ -44,6 +44,10 @@ double tu_safetensors_max_rel_diff(const char *file_a, const char *file_b);
  * of K3RT_PLUGIN_PATH when set (the GPU machine's carried build), else the build tree. Fails the
  * test when it does not load. */
 const plugin_entry *tu_plugin(const char *name);
+/* A registry of this build's search path plus the option-only fixture plugins of every kind
+ * (fixtures/recipe_fixture_<kind>.so: fixture_mixer, fixture_ffn, fixture_balancer,
+ * fixture_opt, fixture_residual), for recipe tests. */
+void tu_recipe_fixtures(registry *reg);
 /* Whether every plugin of the recipe tiny_dense.lua (mla, dense_glu, standard, adamw) has a
  * CUDA path in this build; prints the first that has none. Usable outside a running test. */
 int tu_dense_plugins_have_cuda(void);

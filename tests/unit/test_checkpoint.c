@@ -24,7 +24,7 @@ static void save(int64_t step, int keep, const char *text)
     k3rt_error err = {0};
     TU_OK(ckpt_begin(g_root, step, tmp, sizeof tmp, &err), err);
     tu_write_file(fs_join(file, sizeof file, tmp, "payload"), text);
-    TU_OK(ckpt_commit(g_root, step, keep, &err), err);
+    TU_OK(ckpt_commit(g_root, step, keep, NULL, &err), err);
 }
 
 static int64_t latest(void)
@@ -60,7 +60,7 @@ START_TEST(test_commit_then_latest)
     ck_assert_int_eq(ckpt_latest("/nonexistent/k3rt", &step, dir, sizeof dir, &err),
                      K3RT_ERR_NOT_FOUND);
     /* Commit without begin. */
-    ck_assert_int_eq(ckpt_commit(g_root, 7, 0, &err), K3RT_ERR_NOT_FOUND);
+    ck_assert_int_eq(ckpt_commit(g_root, 7, 0, NULL, &err), K3RT_ERR_NOT_FOUND);
     ck_assert_msg(strstr(err.msg, "ckpt_begin"), "%s", err.msg);
     ck_assert_int_eq(ckpt_begin(g_root, -1, dir, sizeof dir, &err), K3RT_ERR_INVALID);
 }
@@ -120,6 +120,42 @@ START_TEST(test_keep_prunes)
     save(80, 1, "x");
     ck_assert(!fs_is_dir(under(path, sizeof path, "step_00000070")));
     ck_assert(fs_is_dir(under(path, sizeof path, "step_00000080")));
+}
+END_TEST
+
+/* A checkpoint of run `id` (its manifest holds only what pruning reads). */
+static void save_of(const char *id, int64_t step, int keep)
+{
+    char tmp[1024], file[1100], text[256];
+    k3rt_error err = {0};
+    TU_OK(ckpt_begin(g_root, step, tmp, sizeof tmp, &err), err);
+    snprintf(text, sizeof text, "{\"run\": {\"id\": \"%s\"}}", id);
+    tu_write_file(fs_join(file, sizeof file, tmp, "manifest.json"), text);
+    TU_OK(ckpt_commit(g_root, step, keep, id, &err), err);
+}
+
+/* Pruning keeps to the committing run's lineage: another run's checkpoints (even with higher
+ * steps, even without a manifest) are never removed. */
+START_TEST(test_prune_keeps_to_the_lineage)
+{
+    char path[1200];
+    save_of("A", 100, 0);
+    save_of("A", 200, 0);
+    save(300, 0, "no manifest");
+    for (int s = 1; s <= 4; s++)
+        save_of("B", s, 2);
+    const char *const present[] = {"step_00000100", "step_00000200", "step_00000300",
+                                   "step_00000003", "step_00000004"};
+    for (int i = 0; i < 5; i++)
+        ck_assert_msg(fs_is_dir(under(path, sizeof path, present[i])), "%s was removed",
+                      present[i]);
+    ck_assert(!fs_is_dir(under(path, sizeof path, "step_00000001")));
+    ck_assert(!fs_is_dir(under(path, sizeof path, "step_00000002")));
+    char id[64];
+    ckpt_run_id(under(path, sizeof path, "step_00000004"), id, sizeof id);
+    ck_assert_str_eq(id, "B");
+    ckpt_run_id(under(path, sizeof path, "step_00000300"), id, sizeof id);
+    ck_assert_str_eq(id, "");
 }
 END_TEST
 
@@ -282,6 +318,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_commit_then_latest);
     tcase_add_test(tc, test_incomplete_ignored);
     tcase_add_test(tc, test_keep_prunes);
+    tcase_add_test(tc, test_prune_keeps_to_the_lineage);
     tcase_add_test(tc, test_same_step_replaced);
     tcase_add_test(tc, test_resolve);
     tcase_add_test(tc, test_manifest);

@@ -157,6 +157,57 @@ START_TEST(names_roles_and_counts)
 }
 END_TEST
 
+/* 1000 layers of a previous-token mixer and a width-1 GLU: the core's activation arena for
+ * micro-batches of 2^24 x 2^23 tokens is 2000 x 2^47 rows x 64 bytes (> 2^63) for the
+ * sublayer inputs alone, while each plugin's own byte counts still fit. Refused as too
+ * large, never a wrapped byte count. */
+START_TEST(activation_sizes_are_checked)
+{
+    registry reg;
+    k3rt_error err = {0};
+    TU_OK(registry_init(&reg, NULL, &err), err);
+    const plugin_entry *shift;
+    TU_OK(registry_load_file(&reg, K3RT_BINARY_DIR "/fixtures/shift_mixer.so", &shift, &err),
+          err);
+    if (!registry_find(&reg, "dense_glu", 0)) {
+        registry_free(&reg);
+        return;
+    }
+    char pattern[1001], text[8192];
+    memset(pattern, 'S', 1000);
+    pattern[1000] = '\0';
+    snprintf(text, sizeof text,
+             "{\"d_model\": 8, \"vocab\": 11, \"layers\": 1000, \"pattern\": \"%s\","
+             " \"norm_eps\": 1e-5, \"init_std\": 0.3, \"dense_layers\": 0,"
+             " \"mixers\": {\"S\": {\"plugin\": \"shift\", \"kind\": \"attention\","
+             "   \"path\": \"%s\", \"config\": {\"init_std\": 0.3}}},"
+             " \"ffn\": {\"plugin\": \"dense_glu\", \"kind\": \"moe\", \"path\": null,"
+             "   \"config\": {\"hidden\": 1, \"init_std\": 0.3}},"
+             " \"balancer\": {\"plugin\": \"none\", \"kind\": \"balancer\", \"path\": null,"
+             "   \"config\": {}},"
+             " \"residual\": {\"plugin\": \"standard\", \"kind\": \"residual\","
+             "   \"path\": null, \"config\": {}}}", pattern, shift->path);
+    json_t *doc = json_loads(text, 0, NULL);
+    ck_assert_ptr_nonnull(doc);
+    model_options o = {K3RT_F64, K3RT_DEVICE_CPU, NULL, NULL, 7, 0};
+    model m;
+    TU_OK(model_declare(&m, doc, &reg, &o, &err), err);
+    json_decref(doc);
+    int64_t bytes = -1;
+    TU_OK(model_act_bytes(&m, 4, 16, &bytes, &err), err);
+    ck_assert_int_gt(bytes, 4 * 16 * 8 * 2000);
+    bytes = -1;
+    int rc = model_act_bytes(&m, (int64_t)1 << 24, (int64_t)1 << 23, &bytes, &err);
+    ck_assert_msg(rc == K3RT_ERR_INVALID, "status %d, %lld bytes: %s", rc, (long long)bytes,
+                  err.msg);
+    ck_assert_msg(strstr(err.msg, "too large") && strstr(err.msg, "plan.micro_batch"), "%s",
+                  err.msg);
+    ck_assert_int_eq(bytes, -1);
+    model_free(&m);
+    registry_free(&reg);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("model");
@@ -164,6 +215,7 @@ int main(void)
     tcase_add_test(tc, every_gradient_matches_finite_differences);
     tcase_add_test(tc, every_gradient_with_block_attnres);
     tcase_add_test(tc, names_roles_and_counts);
+    tcase_add_test(tc, activation_sizes_are_checked);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

@@ -14,20 +14,7 @@
 
 static registry g_reg;
 
-static void setup(void)
-{
-    static const char *const kinds[] = {"attention", "moe", "balancer", "optimizer",
-                                        "residual"};
-    k3rt_error err = {0};
-    TU_OK(registry_init(&g_reg, NULL, &err), err);
-    for (int i = 0; i < 5; i++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/fixtures/recipe_fixture_%s.so", K3RT_BINARY_DIR,
-                 kinds[i]);
-        const plugin_entry *e;
-        TU_OK(registry_load_file(&g_reg, path, &e, &err), err);
-    }
-}
+static void setup(void) { tu_recipe_fixtures(&g_reg); }
 
 static void teardown(void) { registry_free(&g_reg); }
 
@@ -394,7 +381,7 @@ END_TEST
 START_TEST(test_runaway_loop_stopped)
 {
     k3rt_error err = {0};
-    recipe_limits lim = {0, 1000000};
+    recipe_limits lim = {0, 1000000, 0};
     ck_assert_int_eq(try_text("local n = 0\nwhile true do n = n + 1 end", NULL, 0, &lim, &err),
                      K3RT_ERR_LIMIT);
     has(&err, "recipe.lua:2: recipe exceeded its instruction budget of 1000000 instructions");
@@ -418,7 +405,7 @@ START_TEST(test_memory_bomb_stopped)
                               &err),
                      K3RT_ERR_LIMIT);
     has(&err, "recipe.lua: recipe exceeded its memory limit of 64 MiB");
-    recipe_limits lim = {4u << 20, 0};
+    recipe_limits lim = {4u << 20, 0, 0};
     ck_assert_int_eq(try_text("local s = string.rep('x', 1e9)", NULL, 0, &lim, &err),
                      K3RT_ERR_LIMIT);
     has(&err, "memory limit of 4 MiB");
