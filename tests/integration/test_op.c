@@ -131,10 +131,39 @@ START_TEST(kda_round_trip_with_state)
 }
 END_TEST
 
+/* A tensor the plugin does not take is refused, naming the nearest input (a misspelt
+ * parameter once fell back to the random init and exited 0); --help states the file contract. */
+START_TEST(unknown_input_refused)
+{
+    char dir[512], in[1024], out[1024], cmd[4096], *log = NULL;
+    tu_tmpdir(dir, sizeof dir);
+    snprintf(in, sizeof in, "%s/in.safetensors", dir);
+    snprintf(out, sizeof out, "%s/out.safetensors", dir);
+    static double w[4 * 16];
+    st_entry extra[1] = {{"q_nope_prj.weight", K3RT_F64, 2, {4, 16, 0, 0}, w}};
+    write_inputs(in, extra, 1, 0, 0, NULL);
+    snprintf(cmd, sizeof cmd, "%s op mla --config '{\"heads\": 2, \"kv_rank\": 8, "
+             "\"qk_nope_dim\": 2, \"qk_shared_dim\": 2, \"v_dim\": 4}' --in %s --out %s",
+             tu_k3rt_bin(), in, out);
+    int rc = tu_run(cmd, &log);
+    ck_assert_msg(rc != 0, "a misspelt parameter was accepted:\n%s", log);
+    ck_assert_msg(strstr(log, "tensor 'q_nope_prj.weight' is not an input of") &&
+                  strstr(log, "did you mean 'q_nope_proj.weight'?"), "%s", log);
+    free(log);
+    snprintf(cmd, sizeof cmd, "%s op --help", tu_k3rt_bin());
+    rc = tu_run(cmd, &log);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(strstr(log, "every other name is refused") && strstr(log, "d_state_out.state"),
+                  "%s", log);
+    free(log);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("op");
     TCase *tc = tcase_create("op");
+    tcase_add_test(tc, unknown_input_refused);
     tcase_add_test(tc, mla_round_trip);
     tcase_add_test(tc, kda_round_trip_with_state);
     suite_add_tcase(s, tc);
