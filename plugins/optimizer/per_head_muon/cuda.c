@@ -12,8 +12,9 @@
  *   5. the AdamW group: k3rt_adamw_step_multi, one fused launch (step.c);
  *   6. QK-clip: qk_clip_kernel reads each head's max logit on the device and scales its block.
  *      A NaN or +inf logit cannot stop the step without reading it back, so the kernel leaves
- *      that head alone and records it; the next step reports it as an error (the CPU refuses
- *      the step itself).
+ *      that head alone and records it; a later step (the next one in training, where the
+ *      forward and backward in between have finished it) reports it as an error (the CPU
+ *      refuses the step itself).
  * The device tables (blocks, chunks, clip heads) are built once at create; the per-parameter
  * pointers are uploaded again only when the engine passes different ones. */
 #include "muon.h"
@@ -353,18 +354,20 @@ static int refresh_ptrs(muon *o, const k3rt_optimizer_step *a, k3rt_error *err)
                        (size_t)o->n * sizeof *g->ptrs, err);
 }
 
-/* A NaN or +inf max logit met by the previous step's QK-clip, now on the host. */
+/* A NaN or +inf max logit met by an earlier step's QK-clip, once its flag reached the host
+ * (polled, never waited for: in training the forward and backward since have long finished
+ * it). */
 static int previous_clip(muon *o, k3rt_error *err)
 {
     struct muon_gpu *g = o->gpu;
     int32_t bad;
     if (!g->word)
         return K3RT_OK;
-    K3RT_TRY(muon_cu_word_take(g->word, &bad, err));
+    K3RT_TRY(muon_cu_word_poll(g->word, &bad, err));
     if (bad == MUON_CU_NONE)
         return K3RT_OK;
     return k3rt_fail(err, K3RT_ERR_NUMERIC, "per_head_muon: parameter %s: head %d reported a "
-                     "max logit of NaN or +inf at step %lld; QK-clip needs a finite value (that "
+                     "max logit of NaN or +inf by step %lld; QK-clip needs a finite value (that "
                      "head was left unclipped)", o->p[g->clip_param[bad]].name,
                      (int)g->clip_head[bad], (long long)g->posted_step);
 }
@@ -397,8 +400,10 @@ int muon_gpu_step(muon *o, const k3rt_optimizer_step *a, k3rt_error *err)
     if (g->n_clip_chunks) {
         K3RT_TRY(muon_cu_qk_clip(st, g->d_ptrs, g->d_clips, g->d_clip_chunks, g->n_clip_chunks,
                                  o->qk_tau, g->d_bad, err));
-        K3RT_TRY(muon_cu_word_post(g->word, st, err));
-        g->posted_step = a->step;
+        if (!muon_cu_word_posted(g->word)) {
+            K3RT_TRY(muon_cu_word_post(g->word, st, err));
+            g->posted_step = a->step;
+        }
     }
     return K3RT_OK;
 }

@@ -258,17 +258,22 @@ extern "C" int muon_cu_word_post(muon_cu_word *w, void *stream, k3rt_error *err)
     return K3RT_OK;
 }
 
-extern "C" int muon_cu_word_take(muon_cu_word *w, int32_t *value, k3rt_error *err)
+extern "C" int muon_cu_word_poll(muon_cu_word *w, int32_t *value, k3rt_error *err)
 {
     *value = MUON_CU_NONE;
     if (!w->posted)
         return K3RT_OK;
-    MU_TRY(cudaEventSynchronize(w->done), "cudaEventSynchronize (QK-clip flag)");
+    cudaError_t e = cudaEventQuery(w->done);
+    if (e == cudaErrorNotReady)
+        return K3RT_OK;
+    MU_TRY(e, "cudaEventQuery (QK-clip flag)");
     *value = *w->host;
     *w->host = MUON_CU_NONE;
     w->posted = 0;
     return K3RT_OK;
 }
+
+extern "C" int muon_cu_word_posted(const muon_cu_word *w) { return w->posted; }
 
 extern "C" void muon_cu_word_destroy(muon_cu_word *w)
 {

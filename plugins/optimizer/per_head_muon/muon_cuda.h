@@ -70,14 +70,17 @@ int muon_cu_qk_clip(void *stream, const muon_cu_ptrs *ptrs, const muon_cu_clip *
 
 /* A device word (the caller's, on `device`, set to MUON_CU_NONE) read back without a
  * synchronisation: post copies it into pinned memory behind the stream's work so far, records
- * an event and resets the word to MUON_CU_NONE; take waits for the last post's event (long
- * complete once a later step runs) and returns the copy (MUON_CU_NONE when nothing was
- * posted). *w is set before any failure, for muon_cu_word_destroy. */
+ * an event and resets the word to MUON_CU_NONE; poll returns that copy once the event has
+ * completed (a later step, after the forward and backward that followed), else MUON_CU_NONE
+ * with the post still pending. Post again only when nothing is pending (muon_cu_word_posted):
+ * until then the kernels keep lowering the same device word. *w is set before any failure, for
+ * muon_cu_word_destroy. */
 #define MUON_CU_NONE 0x7f7f7f7f
 typedef struct muon_cu_word muon_cu_word;
 int muon_cu_word_create(muon_cu_word **w, int device, int32_t *dev, k3rt_error *err);
 int muon_cu_word_post(muon_cu_word *w, void *stream, k3rt_error *err);
-int muon_cu_word_take(muon_cu_word *w, int32_t *value, k3rt_error *err);
+int muon_cu_word_poll(muon_cu_word *w, int32_t *value, k3rt_error *err);
+int muon_cu_word_posted(const muon_cu_word *w);
 void muon_cu_word_destroy(muon_cu_word *w);
 
 #ifdef __cplusplus
