@@ -6,6 +6,10 @@
  *   ns_precision "bf16" (tensor cores, fp32 accumulation)       <= 2e-3 against the CPU's
  *                        emulation (each product rounded to bf16 as it is stored; ERRATA)
  *   the AdamW group, in either mode                             <= 1e-5
+ * (the bf16 bound is issue 19's; on the H200 on 2026-12-02 the device was 3.6e-2 from the
+ * emulation on its first parameter, and this failed. Two bf16 pipelines that differ only in
+ * fp32 accumulation order already drift apart through the rounding of 30 stored results; the
+ * case prints each side's distance from the f64 map as well, to tell drift from a fault.)
  * over head matrices split by rows and by columns, a plain matrix of the same block shape
  * (one batched group with the heads), plain wide and tall matrices, experts, blocks of more
  * than one chunk, and every AdamW role. The Muon blocks are Gaussian with aspect ratio <= 0.6,
@@ -276,7 +280,7 @@ static void compare_updates(const char *where, side *ref, side *dev, const doubl
                           "outside its parameter, or not written", where, ref->spec[i].name,
                           (long long)k, dd[k]);
         double tol = is_muon(&ref->spec[i]) ? muon_tol : 1e-5, e = tu_rel_rms(dr, dd, n);
-        printf("  %-34s %-16s update rel rms %.2e (tol %.0e)\n", where, ref->spec[i].name, e,
+        printf("  %-44s %-16s update rel rms %.2e (tol %.0e)\n", where, ref->spec[i].name, e,
                tol);
         ck_assert_msg(e <= tol, "%s: parameter %s: update relative rms error %.3g > %.1g", where,
                       ref->spec[i].name, e, tol);
@@ -318,23 +322,33 @@ static double *state_of(side *s, const char *name, int64_t n)
 static void run_vs_cpu(const char *what, const char *cfg, double muon_tol, int steps)
 {
     static const double LR[] = {0.05, 0.03, 0.04};
-    side ref, dev, dev2;
+    side ref, dev, dev2, exact;
     side_layout(&ref, MIXED, NMIXED, K3RT_DEVICE_CPU);
     double *p0 = arena_randn(&ref, 0.02, 101);
     side_init(&ref, MIXED, NMIXED, K3RT_DEVICE_CPU, cfg, p0, NULL);
     side_init(&dev, MIXED, NMIXED, DEV, cfg, p0, NULL);
     side_init(&dev2, MIXED, NMIXED, DEV, cfg, p0, NULL);
+    side_init(&exact, MIXED, NMIXED, K3RT_DEVICE_CPU, "{\"ns_precision\": \"full\"}", p0, NULL);
     k3rt_error err = {0};
     for (int t = 1; t <= steps; t++) {
         char where[64];
         snprintf(where, sizeof where, "%s step %d", what, t);
         double *g = arena_randn(&ref, 1.0, 200 + (uint64_t)t);
         double *rb = get_params(&ref, where), *db = get_params(&dev, where);
+        double *eb = get_params(&exact, where);
         TU_OK(side_step(&ref, g, LR[t - 1], t, &err), err);
         TU_OK(side_step(&dev, g, LR[t - 1], t, &err), err);
         TU_OK(side_step(&dev2, g, LR[t - 1], t, &err), err);
+        TU_OK(side_step(&exact, g, LR[t - 1], t, &err), err);
+        if (muon_tol > 1e-5) {  /* bf16: how far each is from the exact map, for the record */
+            char w2[80];
+            snprintf(w2, sizeof w2, "%s: cpu bf16 vs f64", where);
+            compare_updates(w2, &exact, &ref, eb, rb, 1.0);
+            snprintf(w2, sizeof w2, "%s: gpu bf16 vs f64", where);
+            compare_updates(w2, &exact, &dev, eb, db, 1.0);
+        }
         compare_updates(where, &ref, &dev, rb, db, muon_tol);
-        free(rb), free(db), free(g);
+        free(rb), free(db), free(eb), free(g);
     }
     double *a = get_params(&dev, what), *b = get_params(&dev2, what);
     ck_assert_msg(memcmp(a, b, (size_t)dev.off[dev.np] * sizeof(double)) == 0,
@@ -350,7 +364,7 @@ static void run_vs_cpu(const char *what, const char *cfg, double muon_tol, int s
         ck_assert_msg(e <= 1e-6, "%s: state %s relative rms error %.3g > 1e-6", what, name, e);
         free(r), free(d);
     }
-    side_free(&ref), side_free(&dev), side_free(&dev2);
+    side_free(&ref), side_free(&dev), side_free(&dev2), side_free(&exact);
     free(p0);
 }
 
