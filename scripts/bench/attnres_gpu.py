@@ -22,15 +22,13 @@ gradients between the two sides and, for both, against an fp32 PyTorch reference
 """
 import argparse
 import ctypes
-import glob
 import json
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from bench_util import median_ms
+from bench_util import load_k3rt_library, median_ms
 
 BF = torch.bfloat16
 K3RT_BF16 = 3
@@ -38,21 +36,7 @@ EPS = 1e-5
 
 
 def load_k3rt(dirs):
-    def find(pattern):
-        for d in dirs:
-            hits = sorted(glob.glob(os.path.join(d, pattern)))
-            if hits:
-                return hits[0]
-        return None
-    for name in ("libquadmath.so.0", "libgfortran.so.5", "libgomp.so.1", "libopenblas.so.0",
-                 "liblua5.4.so.0", "libjansson.so.4", "libk3rt.so.2", "libk3rt.so.1"):
-        p = find(name)
-        if p:
-            ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
-    p = find("libk3rt_attnres_cuda_bench.so")
-    if not p:
-        sys.exit(f"libk3rt_attnres_cuda_bench.so not found in {dirs}")
-    lib = ctypes.CDLL(p)
+    lib = load_k3rt_library(dirs, "libk3rt_attnres_cuda_bench.so")
     P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.arb_scratch_bytes.restype = I64
     lib.arb_scratch_bytes.argtypes = [I64, I64]
