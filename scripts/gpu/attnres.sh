@@ -8,6 +8,15 @@
 #
 #   scripts/gpu/attnres.sh [DIR] [FLA]     (defaults .devbuild/attnres, .ref/fla_pkg; logs in $OUT)
 # ATTNRES_SECTIONS (default "test check memcheck bench") picks sections.
+#
+# On the build machine, in the checkout the device call sends (the session's own repository):
+#   scripts/gpu/pack.sh build-cuda .devbuild/attnres gpu_test_attnres_cuda
+#   (cd .devbuild/attnres && rm -f lib/libk3rt.so lib/libk3rt.so.0.1.0 lib/libk3rt_engine.so \
+#      lib/libk3rt_engine.so.0.1.0 lib/libk3rt_kda_cuda_bench.so && \
+#      find plugins -type f ! -name libk3rt_block_attnres.so -delete && rm -rf fixtures)
+#   mkdir -p .ref/fla_pkg && git -C <fla mirror> archive HEAD fla | tar -x -C .ref/fla_pkg
+# (the slimming keeps the carry, with libs/ at 39 MiB, under 64 MiB), then run
+#   bash scripts/gpu/attnres.sh   with carry [".devbuild/attnres", "libs", ".ref/fla_pkg"].
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-$ROOT/.devbuild/attnres}
