@@ -62,6 +62,10 @@ static void take_bias(const latent_moe *f, const k3rt_tensor *bias, float *dst)
 
 int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 {
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (((const latent_moe *)self)->device != K3RT_DEVICE_CPU)
+        return lm_gpu_forward(self, a, err);
+#endif
     const latent_moe *f = self;
     int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * f->k, l = f->l, m = f->m;
     int64_t d = f->d;
@@ -137,6 +141,10 @@ int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
  *   dz = s (1 - s) (gate backward of dp + d_scores) ; dWr += dz^T x ; dx += dz Wr */
 int lm_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
 {
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (((const latent_moe *)self)->device != K3RT_DEVICE_CPU)
+        return lm_gpu_backward(self, a, err);
+#endif
     const latent_moe *f = self;
     int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * f->k, l = f->l, m = f->m;
     int64_t d = f->d;
