@@ -12,9 +12,24 @@
 
 #include "testutil/testutil.h"
 
-enum { GK_DEV = 0 };          /* the CUDA device under test */
+static int GK_DEV = 0;        /* the CUDA device under test (K3RT_DEVICE_CPU: harness mode) */
 static k3rt_stream *GK_G;     /* CUDA stream on GK_DEV (tu_run_gpu_suite) */
 static int gk_failed;
+
+/* Runs the suite on the GPU (77 without one). K3RT_GK_HOST=1 instead runs the "device" side on
+ * the CPU: the comparisons then hold trivially; what it checks is the harness itself (calls,
+ * shapes, the rig's validation) on a machine without a GPU. The f32 cases only. */
+static inline int gk_main(Suite *(*make)(void))
+{
+    const char *host = getenv("K3RT_GK_HOST");
+    if (!(host && *host == '1'))
+        return tu_run_gpu_suite(make, &GK_G);
+    GK_DEV = K3RT_DEVICE_CPU;
+    GK_G = tu_cpu_stream(2);
+    int rc = tu_run_suite(make());
+    k3rt_stream_destroy(GK_G);
+    return rc;
+}
 
 static void gk_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void gk_fail(const char *fmt, ...)
