@@ -7,7 +7,18 @@
 # swapped in mid-run (train.changes). Builds nothing: the build machine fills DIR with
 # scripts/gpu/pack.sh build-cuda .devbuild/moe gpu_test_latent_moe_cuda gpu_test_balancers_cuda
 #
-
+#   scripts/gpu/moe.sh [DIR]        (default .devbuild/moe)
+# Logs go to MOE_LOGS (default /tmp/moe-logs) and, packed, to $OUT/moe_logs.tgz (the device
+# returns few files). MOE_SECTIONS (default "tests check memcheck train") picks the sections,
+# run in that order; MOE_BUDGET_S (default 170) is the whole script's seconds: a command gets
+# what is left, and a section that no longer fits is skipped and said so.
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=$(cd "${1:-$ROOT/.devbuild/moe}" && pwd)
+LOGS=${MOE_LOGS:-/tmp/moe-logs}
+mkdir -p "$LOGS"
+START=$(date +%s)
+BUDGET=${MOE_BUDGET_S:-170}
 . "$ROOT/scripts/gpu/env.sh"
 export K3RT_PLUGIN_PATH=$BUILD/plugins K3RT_BIN=$BUILD/bin/k3rt K3RT_SOURCE_DIR=$ROOT
 export CK_DEFAULT_TIMEOUT=600 K3RT_THREADS=8
@@ -50,8 +61,8 @@ if want memcheck; then
 fi
 if want train; then
     recipe=$ROOT/scripts/bench/moe_tiny.lua
-    common=(--set train.steps=24 --set plan.dtype='"f32"' --set model.balancer='k3.quantile{}'
-            --set train.changes='{ {step = 13, balancer = k3.aux_free{}} }' --no-sample --force)
+    common=(--set train.steps=16 --set plan.dtype='"f32"' --set model.balancer='k3.quantile{}'
+            --set train.changes='{ {step = 9, balancer = k3.aux_free{}} }' --no-sample --force)
     run train_cuda 60 "$BUILD/bin/k3rt" train "$recipe" "${common[@]}" \
         --set plan.device='"cuda"' --out "$LOGS/train_cuda" || status=1
     run train_cpu 60 "$BUILD/bin/k3rt" train "$recipe" "${common[@]}" \

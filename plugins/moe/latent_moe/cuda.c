@@ -178,23 +178,8 @@ int lm_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
     K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, g, u, act, R * m, f->beta1, f->beta2, err));
     K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, act, P(LM_EX_DOWN), ye, hoff, E, m, l, err));
     K3RT_TRY(lm_cu_combine(cs, dt, ye, pos, p, N, k, l, U, err));
-    void *n = U;
-    if (f->latent_norm) {
-        n = sv + L.nrm;
-        K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, U, P(LM_NORM), n, sv + L.rstd, N, l, f->norm_eps,
-                                  err));
-    }
-    K3RT_TRY(k3rt_linear_fwd(st, dt, n, P(LM_UP), NULL, a->y.data, N, l, d, err));
-
-    /* shared experts at full width */
-    if (f->Hs > 0) {
-        void *sg = sv + L.sg, *su = sv + L.su, *sa = sv + L.sa;
-        K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_SH_GATE), NULL, sg, N, d, f->Hs, err));
-        K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_SH_UP), NULL, su, N, d, f->Hs, err));
-        K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, sg, su, sa, N * f->Hs, f->beta1, f->beta2, err));
-        K3RT_TRY(k3rt_gemm(st, dt, 0, 1, N, d, f->Hs, 1.0, sa, f->Hs, P(LM_SH_DOWN), f->Hs, 1.0,
-                           a->y.data, d, err));
-    }
+    K3RT_TRY(lm_out_forward(f, st, a, U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su, sv + L.sa,
+                            err));
 
     if (a->routing) {
         k3rt_routing *r = a->routing;
@@ -236,30 +221,13 @@ int lm_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
     const int32_t *sel = (const int32_t *)(sv + L.sel), *pos = (const int32_t *)(sv + L.pos);
     const int32_t *src = (const int32_t *)(sv + L.src);
     const float *s = (const float *)(sv + L.s), *p = (const float *)(sv + L.p);
-    const void *x = a->x.data, *dy = a->dy.data;
+    const void *x = a->x.data;
     void *dx = a->dx.data;
 
-    /* shared experts first: their input gradient initialises dx */
-    if (f->Hs > 0) {
-        void *dsa = ws + L.dsa, *dsg = ws + L.dsg, *dsu = ws + L.dsu;
-        K3RT_TRY(k3rt_linear_bwd(st, dt, sv + L.sa, P(LM_SH_DOWN), dy, dsa, G(LM_SH_DOWN), NULL,
-                                 N, f->Hs, d, 0, err));
-        K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.sg, sv + L.su, dsa, dsg, dsu, N * f->Hs,
-                              f->beta1, f->beta2, err));
-        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_SH_GATE), dsg, dx, G(LM_SH_GATE), NULL, N, d,
-                                 f->Hs, 0, err));
-        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_SH_UP), dsu, dx, G(LM_SH_UP), NULL, N, d,
-                                 f->Hs, 1, err));
-    }
+    void *dU = ws + L.dU;
+    K3RT_TRY(lm_out_backward(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su,
+                             sv + L.sa, ws + L.dsa, ws + L.dsg, ws + L.dsu, ws + L.dn, dU, err));
     int acc = f->Hs > 0;
-
-    /* up-projection and latent norm */
-    void *dn = ws + L.dn, *dU = ws + L.dU;
-    const void *n = f->latent_norm ? sv + L.nrm : sv + L.U;
-    K3RT_TRY(k3rt_linear_bwd(st, dt, n, P(LM_UP), dy, dn, G(LM_UP), NULL, N, l, d, 0, err));
-    if (f->latent_norm)
-        K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, sv + L.U, P(LM_NORM), sv + L.rstd, dn, dU, G(LM_NORM),
-                                  N, l, 0, err));
 
     /* combine, experts, dispatch */
     float *dp = (float *)(ws + L.dp), *dz = (float *)(ws + L.dz);

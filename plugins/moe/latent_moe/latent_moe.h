@@ -113,6 +113,16 @@ extern const lm_kernels lm_kernels_f32, lm_kernels_f64;
 int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err);
 int lm_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err);
 
+/* What follows the combine, written once over core ops for every device and dtype (moe.c):
+ * the latent norm, W-up and the shared experts, and their backward (which initialises a->dx;
+ * dU may alias dn without the latent norm). */
+int lm_out_forward(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
+                   void *nrm, void *rstd, void *sg, void *su, void *sa, k3rt_error *err);
+int lm_out_backward(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a, const void *U,
+                    const void *nrm, const void *rstd, const void *sg, const void *su,
+                    const void *sa, void *dsa, void *dsg, void *dsu, void *dn, void *dU,
+                    k3rt_error *err);
+
 /* The layer on CUDA (cuda.c, built with K3RT_PLUGIN_HAVE_CUDA): its own layout of the saved and
  * workspace buffers, f32 or bf16. lm_gpu_check refuses what the CUDA kernels cannot take. */
 int lm_gpu_check(const latent_moe *f, k3rt_error *err);
