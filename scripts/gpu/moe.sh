@@ -8,6 +8,9 @@
 # scripts/gpu/pack.sh build-cuda .devbuild/moe gpu_test_latent_moe_cuda gpu_test_balancers_cuda
 #
 #   scripts/gpu/moe.sh [DIR]        (default .devbuild/moe)
+# The device receives the session's checkout only: from another worktree, copy DIR (as build/),
+# libs/, scripts/gpu/{moe,env}.sh and scripts/bench/moe_tiny.lua into that checkout's ignored
+# .devbuild/moe/, carry ".devbuild/moe" and run .devbuild/moe/scripts/gpu/moe.sh .devbuild/moe/build.
 # Logs go to MOE_LOGS (default /tmp/moe-logs) and, packed, to $OUT/moe_logs.tgz (the device
 # returns few files). MOE_SECTIONS (default "tests check memcheck train") picks the sections,
 # run in that order; MOE_BUDGET_S (default 170) is the whole script's seconds: a command gets
