@@ -245,9 +245,9 @@ START_TEST(test_caps_refused)
     k3rt_stream *s = tu_cpu_stream(1);
     rig r;
     k3rt_create_args a = make_args(K3RT_F32, 0, 16, 1, s);
-    json_t *cfg = json_pack("{}");  /* latent_moe has no CUDA path */
-    REFUSED(rig_create(&r, tu_plugin("latent_moe"), cfg, &a, "layers.2.ffn", &err), err,
-            "layers.2.ffn (latent_moe)", "no CUDA implementation", "cuda:0");
+    json_t *cfg = json_pack("{}");  /* block_attnres has no CUDA path */
+    REFUSED(rig_create(&r, tu_plugin("block_attnres"), cfg, &a, "residual", &err), err,
+            "residual (block_attnres)", "no CUDA implementation", "cuda:0");
     json_decref(cfg);
     cfg = json_pack("{s:i,s:i}", "heads", 2, "head_dim", 8);
     a = make_args(K3RT_BF16, K3RT_DEVICE_CPU, 16, 1, s);
