@@ -142,20 +142,20 @@ typedef struct {
 static int grp_fwd(void *c, k3rt_error *err)
 {
     grp_ctx *g = c;
-    return k3rt_grouped_linear_fwd_dev(S, K3RT_BF16, g->x, g->w, g->y, g->off, g->groups,
-                                       g->rows, g->in, g->out, err);
+    return k3rt_grouped_linear_fwd_dev(S, K3RT_BF16, g->x, g->w, g->y, g->off, K3RT_I32,
+                                       g->groups, g->rows, g->in, g->out, err);
 }
 static int grp_dx(void *c, k3rt_error *err)
 {
     grp_ctx *g = c;
     return k3rt_grouped_linear_bwd_dev(S, K3RT_BF16, g->x, g->w, g->dy, g->dx, NULL, g->off,
-                                       g->groups, g->rows, g->in, g->out, 0, err);
+                                       K3RT_I32, g->groups, g->rows, g->in, g->out, 0, err);
 }
 static int grp_dw(void *c, k3rt_error *err)
 {
     grp_ctx *g = c;
     return k3rt_grouped_linear_bwd_dev(S, K3RT_BF16, g->x, g->w, g->dy, NULL, g->dw, g->off,
-                                       g->groups, g->rows, g->in, g->out, 0, err);
+                                       K3RT_I32, g->groups, g->rows, g->in, g->out, 0, err);
 }
 
 /* Rows per expert: uniform (skew 0) or Zipf(skew), the expert of rank r getting a share

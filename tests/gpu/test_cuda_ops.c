@@ -282,18 +282,26 @@ START_TEST(grouped_linear_vs_cpu)
 END_TEST
 
 /* The CUTLASS grouped GEMM (bf16, in and out multiples of 8, sm_90; elsewhere the same calls
- * take the loop and the test still holds): offsets from the host and from the device. */
+ * take the loop and the test still holds): offsets from the host (odt 0) and from the device
+ * (odt K3RT_I32 or K3RT_I64). */
 static void grouped_bf16_case(int64_t groups, const int64_t *off, int64_t in, int64_t out,
-                              int dev_offsets)
+                              int odt)
 {
     k3rt_error err = {0};
-    const int dt = K3RT_BF16;
+    const int dt = K3RT_BF16, dev_offsets = odt != 0;
     int64_t rows = off[groups];
-    int32_t *off32 = malloc((size_t)(groups + 1) * sizeof *off32), *doff = NULL;
+    int32_t *off32 = malloc((size_t)(groups + 1) * sizeof *off32);
+    void *doff = NULL;
     for (int64_t g = 0; g <= groups; g++)
         off32[g] = (int32_t)off[g];
-    if (dev_offsets)
+    if (odt == K3RT_I32)
         doff = dev_i32(off32, groups + 1);
+    else if (odt == K3RT_I64) {
+        doff = k3rt_alloc(0, (size_t)(groups + 1) * 8, &err);
+        ck_assert_msg(doff != NULL, "k3rt_alloc: %s", err.msg);
+        TU_OK(k3rt_memcpy(G, doff, 0, off, K3RT_DEVICE_CPU, (size_t)(groups + 1) * 8, &err), err);
+        TU_OK(k3rt_stream_sync(G, &err), err);
+    }
     darr x = rnd(dt, rows * in, 1.0), w = rnd(dt, groups * out * in, 0.2);
     darr dy = rnd(dt, rows * out, 1.0), y = poisoned(dt, rows * out), y2 = poisoned(dt, rows * out);
     double *yr = calloc((size_t)(rows * out > 0 ? rows * out : 1), sizeof *yr);
@@ -301,8 +309,8 @@ static void grouped_bf16_case(int64_t groups, const int64_t *off, int64_t in, in
     for (int rep = 0; rep < 2; rep++) {
         void *yd = rep ? y2.dev : y.dev;
         if (dev_offsets)
-            TU_OK(k3rt_grouped_linear_fwd_dev(G, dt, x.dev, w.dev, yd, doff, groups, rows, in, out,
-                                              &err), err);
+            TU_OK(k3rt_grouped_linear_fwd_dev(G, dt, x.dev, w.dev, yd, doff, odt, groups, rows,
+                                              in, out, &err), err);
         else
             TU_OK(k3rt_grouped_linear_fwd(G, dt, x.dev, w.dev, yd, off, groups, in, out, &err), err);
     }
@@ -316,7 +324,7 @@ static void grouped_bf16_case(int64_t groups, const int64_t *off, int64_t in, in
                                       in, out, acc, &err), err);
         if (dev_offsets)
             TU_OK(k3rt_grouped_linear_bwd_dev(G, dt, x.dev, w.dev, dy.dev, dx.dev, dw.dev, doff,
-                                              groups, rows, in, out, acc, &err), err);
+                                              odt, groups, rows, in, out, acc, &err), err);
         else
             TU_OK(k3rt_grouped_linear_bwd(G, dt, x.dev, w.dev, dy.dev, dx.dev, dw.dev, off,
                                           groups, in, out, acc, &err), err);
@@ -364,12 +372,13 @@ START_TEST(grouped_bf16_vs_cpu)
     int64_t *zipf = ragged_offsets(64, 4096, 1.2, 0, 12);
     int64_t *many = ragged_offsets(1024, 3000, 1.0, 2, 13);
     int64_t *more = ragged_offsets(1025, 40, 0.0, 4, 14);  /* few launches of the loop */
-    for (int dev = 0; dev < 2; dev++) {
-        grouped_bf16_case(8, ragged, 128, 96, dev);
-        grouped_bf16_case(6, all_in_one, 64, 136, dev);
-        grouped_bf16_case(64, zipf, 256, 512, dev);
-        grouped_bf16_case(1024, many, 32, 16, dev);
-        grouped_bf16_case(1025, more, 8, 24, dev);
+    const int odt[3] = {0, K3RT_I32, K3RT_I64};
+    for (int o = 0; o < 3; o++) {
+        grouped_bf16_case(8, ragged, 128, 96, odt[o]);
+        grouped_bf16_case(6, all_in_one, 64, 136, odt[o]);
+        grouped_bf16_case(64, zipf, 128, 256, odt[o]);
+        grouped_bf16_case(1024, many, 32, 16, odt[o]);
+        grouped_bf16_case(1025, more, 8, 24, odt[o]);
     }
     free(ragged), free(zipf), free(many), free(more);
 }
@@ -383,7 +392,8 @@ START_TEST(grouped_dev_offsets_checked_on_fallback)
     int32_t *d = dev_i32(bad, 3);
     darr x = rnd(K3RT_F32, 8 * 8, 1.0), w = rnd(K3RT_F32, 2 * 8 * 8, 1.0);
     darr y = poisoned(K3RT_F32, 8 * 8);
-    int rc = k3rt_grouped_linear_fwd_dev(G, K3RT_F32, x.dev, w.dev, y.dev, d, 2, 8, 8, 8, &err);
+    int rc = k3rt_grouped_linear_fwd_dev(G, K3RT_F32, x.dev, w.dev, y.dev, d, K3RT_I32, 2, 8, 8,
+                                         8, &err);
     ck_assert_int_eq(rc, K3RT_ERR_INVALID);
     ck_assert_msg(strstr(err.msg, "rows = 8") != NULL, "message: %s", err.msg);
     k3rt_free(0, d);

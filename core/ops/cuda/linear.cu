@@ -171,7 +171,7 @@ static int grouped_cutlass(cuda_stream_ctx *ctx, gg_call c, void *y, void *dx, v
     return K3RT_OK;
 #else
     (void)ctx, (void)c, (void)y, (void)dx, (void)dw;
-    return k3rt_fail(err, K3RT_ERR_INTERNAL, "grouped linear: built without CUTLASS");
+    return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "grouped linear: built without CUTLASS");
 #endif
 }
 
@@ -205,8 +205,8 @@ extern "C" int cuda_grouped_linear_fwd(k3rt_stream *s, int dtype, const void *x,
     if (!use_cutlass(ctx, dtype, groups, rows, in, out))
         return grouped_fwd_loop(ctx, dtype, x, w, y, offsets, groups, in, out, err);
     gg_host_offsets h;
-    gg_call c = {GG_FWD, x, w, nullptr, nullptr, 0, nullptr, narrow_offsets(offsets, groups, &h),
-                 groups, rows, in, out};
+    gg_call c = {GG_FWD, x, w, nullptr, nullptr, 0, nullptr, 0,
+                 narrow_offsets(offsets, groups, &h), groups, rows, in, out};
     return grouped_cutlass(ctx, c, y, nullptr, nullptr, err);
 }
 
@@ -222,56 +222,60 @@ extern "C" int cuda_grouped_linear_bwd(k3rt_stream *s, int dtype, const void *x,
         return grouped_bwd_loop(ctx, dtype, x, w, dy, dx, dw, offsets, groups, in, out,
                                 accumulate_dx, err);
     gg_host_offsets h;
-    gg_call c = {GG_DX, x, w, dy, nullptr, accumulate_dx, nullptr,
+    gg_call c = {GG_DX, x, w, dy, nullptr, accumulate_dx, nullptr, 0,
                  narrow_offsets(offsets, groups, &h), groups, rows, in, out};
     return grouped_cutlass(ctx, c, nullptr, dx, dw, err);
 }
 
 // Device offsets for the loop: copied to the host, which waits for the stream.
-static int offsets_to_host(cuda_stream_ctx *ctx, const char *op, const int32_t *offsets,
+static int offsets_to_host(cuda_stream_ctx *ctx, const char *op, const void *offsets, int dtype,
                            int64_t groups, int64_t rows, int64_t **out, k3rt_error *err)
 {
-    if (groups < 0 || !offsets)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: %lld groups, offsets %s", op,
-                         (long long)groups, offsets ? "given" : "missing");
-    int32_t *h = (int32_t *)malloc((size_t)(groups + 1) * sizeof *h);
+    if (groups < 0 || !offsets || (dtype != K3RT_I32 && dtype != K3RT_I64))
+        return ops_widen_offsets(op, offsets, dtype, groups, rows, out, err);  // the refusal
+    size_t bytes = (size_t)(groups + 1) * k3rt_dtype_size(dtype);
+    void *h = malloc(bytes);
     if (!h)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "%s: no memory for %lld offsets", op,
                          (long long)groups + 1);
     cudaStream_t st = (cudaStream_t)ctx->stream;
-    cudaError_t e = cudaMemcpyAsync(h, offsets, (size_t)(groups + 1) * sizeof *h,
-                                    cudaMemcpyDeviceToHost, st);
+    cudaError_t e = cudaMemcpyAsync(h, offsets, bytes, cudaMemcpyDeviceToHost, st);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(st);
-    int rc = e == cudaSuccess ? ops_widen_offsets(op, h, groups, rows, out, err)
+    int rc = e == cudaSuccess ? ops_widen_offsets(op, h, dtype, groups, rows, out, err)
                               : cu_fail(err, e, "copy of the group offsets to the host");
     free(h);
     return rc;
 }
 
-static int check_rows(const char *op, int64_t groups, int64_t rows, k3rt_error *err)
+static int check_dev_offsets(const char *op, const void *offsets, int dtype, int64_t groups,
+                             int64_t rows, k3rt_error *err)
 {
-    if (groups < 0 || rows < 0)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: %lld groups over %lld rows", op,
-                         (long long)groups, (long long)rows);
+    if (groups < 0 || rows < 0 || !offsets || (dtype != K3RT_I32 && dtype != K3RT_I64))
+        return k3rt_fail(err, K3RT_ERR_INVALID,
+                         "%s: %lld groups over %lld rows, offsets %s of dtype %s (i32 or i64 "
+                         "please)",
+                         op, (long long)groups, (long long)rows, offsets ? "given" : "missing",
+                         k3rt_dtype_name(dtype));
     return K3RT_OK;
 }
 
 extern "C" int cuda_grouped_linear_fwd_dev(k3rt_stream *s, int dtype, const void *x,
-                                           const void *w, void *y, const int32_t *offsets,
-                                           int64_t groups, int64_t rows, int64_t in,
-                                           int64_t out, k3rt_error *err)
+                                           const void *w, void *y, const void *offsets,
+                                           int offsets_dtype, int64_t groups, int64_t rows,
+                                           int64_t in, int64_t out, k3rt_error *err)
 {
     const char *op = "grouped_linear_fwd_dev";
     cuda_stream_ctx *ctx;
-    K3RT_TRY(check_rows(op, groups, rows, err));
+    K3RT_TRY(check_dev_offsets(op, offsets, offsets_dtype, groups, rows, err));
     K3RT_TRY(grouped_enter(op, dtype, nullptr, groups, in, out, s, &ctx, err));
     if (use_cutlass(ctx, dtype, groups, rows, in, out)) {
-        gg_call c = {GG_FWD, x, w, nullptr, nullptr, 0, offsets, nullptr, groups, rows, in, out};
+        gg_call c = {GG_FWD, x, w, nullptr, nullptr, 0, offsets, offsets_dtype == K3RT_I64,
+                     nullptr, groups, rows, in, out};
         return grouped_cutlass(ctx, c, y, nullptr, nullptr, err);
     }
     int64_t *off;
-    K3RT_TRY(offsets_to_host(ctx, op, offsets, groups, rows, &off, err));
+    K3RT_TRY(offsets_to_host(ctx, op, offsets, offsets_dtype, groups, rows, &off, err));
     int rc = cuda_grouped_linear_fwd(s, dtype, x, w, y, off, groups, in, out, err);
     free(off);
     return rc;
@@ -279,21 +283,21 @@ extern "C" int cuda_grouped_linear_fwd_dev(k3rt_stream *s, int dtype, const void
 
 extern "C" int cuda_grouped_linear_bwd_dev(k3rt_stream *s, int dtype, const void *x,
                                            const void *w, const void *dy, void *dx, void *dw,
-                                           const int32_t *offsets, int64_t groups,
-                                           int64_t rows, int64_t in, int64_t out,
-                                           int accumulate_dx, k3rt_error *err)
+                                           const void *offsets, int offsets_dtype,
+                                           int64_t groups, int64_t rows, int64_t in,
+                                           int64_t out, int accumulate_dx, k3rt_error *err)
 {
     const char *op = "grouped_linear_bwd_dev";
     cuda_stream_ctx *ctx;
-    K3RT_TRY(check_rows(op, groups, rows, err));
+    K3RT_TRY(check_dev_offsets(op, offsets, offsets_dtype, groups, rows, err));
     K3RT_TRY(grouped_enter(op, dtype, nullptr, groups, in, out, s, &ctx, err));
     if (use_cutlass(ctx, dtype, groups, rows, in, out)) {
-        gg_call c = {GG_DX, x, w, dy, nullptr, accumulate_dx, offsets, nullptr, groups, rows,
-                     in, out};
+        gg_call c = {GG_DX, x, w, dy, nullptr, accumulate_dx, offsets,
+                     offsets_dtype == K3RT_I64, nullptr, groups, rows, in, out};
         return grouped_cutlass(ctx, c, nullptr, dx, dw, err);
     }
     int64_t *off;
-    K3RT_TRY(offsets_to_host(ctx, op, offsets, groups, rows, &off, err));
+    K3RT_TRY(offsets_to_host(ctx, op, offsets, offsets_dtype, groups, rows, &off, err));
     int rc = cuda_grouped_linear_bwd(s, dtype, x, w, dy, dx, dw, off, groups, in, out,
                                      accumulate_dx, err);
     free(off);

@@ -26,9 +26,10 @@ struct gg_call {
     const void *x, *w, *dy;  // bf16 operands (those the kind reads)
     void *out;               // y / dx bf16, dW fp32
     int accumulate;          // dx only: dx += instead of =
-    // Group boundaries: on the device (offsets_dev, groups + 1 int32) or, when it is null,
-    // copied from the host into the launch (host).
-    const int32_t *offsets_dev;
+    // Group boundaries: on the device (offsets_dev, groups + 1 int32, or int64 when
+    // offsets_i64) or, when it is null, copied from the host into the launch (host).
+    const void *offsets_dev;
+    int offsets_i64;
     const gg_host_offsets *host;
     int64_t groups, rows, in, out_features;
 };

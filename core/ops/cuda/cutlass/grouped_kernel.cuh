@@ -102,25 +102,27 @@ template <class Cfg> struct strides {
 };
 
 template <bool kHost>
-__device__ __forceinline__ int32_t offset_at(const int32_t *dev, const gg_host_offsets &host,
-                                             int64_t i)
+__device__ __forceinline__ int64_t offset_at(const void *dev, int dev_i64,
+                                             const gg_host_offsets &host, int64_t i)
 {
-    return kHost ? host.v[i] : dev[i];
+    if (kHost)
+        return host.v[i];
+    return dev_i64 ? ((const int64_t *)dev)[i] : ((const int32_t *)dev)[i];
 }
 
 // One block of GG_MAX_GROUPS threads. Offsets are clamped to [0, rows] and made nondecreasing,
 // so a bad offset on the device can empty a group but never point outside the buffers.
 template <class Cfg, bool kHost>
 __global__ void __launch_bounds__(GG_MAX_GROUPS)
-    prepare(tables<Cfg> t, strides<Cfg> s, geometry geo, const int32_t *off_dev,
+    prepare(tables<Cfg> t, strides<Cfg> s, geometry geo, const void *off_dev, int off_i64,
             gg_host_offsets off_host, int groups, int64_t rows, const bf16c *a, const bf16c *b,
             typename Cfg::EC *d)
 {
     __shared__ int32_t n_sh[GG_MAX_GROUPS], r0_sh[GG_MAX_GROUPS];
     int g = threadIdx.x;
     if (g < groups) {
-        int64_t lo = offset_at<kHost>(off_dev, off_host, g);
-        int64_t hi = offset_at<kHost>(off_dev, off_host, g + 1);
+        int64_t lo = offset_at<kHost>(off_dev, off_i64, off_host, g);
+        int64_t hi = offset_at<kHost>(off_dev, off_i64, off_host, g + 1);
         lo = lo < 0 ? 0 : (lo > rows ? rows : lo);
         hi = hi < lo ? lo : (hi > rows ? rows : hi);
         r0_sh[g] = (int32_t)lo;
@@ -214,11 +216,12 @@ int launch(cuda_stream_ctx *ctx, const gg_call &c, const geometry &geo, const bf
     cudaStream_t st = (cudaStream_t)ctx->stream;
     if (c.offsets_dev) {
         static const gg_host_offsets none = {};
-        prepare<Cfg, false><<<1, GG_MAX_GROUPS, 0, st>>>(t, s, geo, c.offsets_dev, none, groups,
-                                                        c.rows, a, b, d);
+        prepare<Cfg, false><<<1, GG_MAX_GROUPS, 0, st>>>(t, s, geo, c.offsets_dev,
+                                                        c.offsets_i64, none, groups, c.rows, a,
+                                                        b, d);
     } else {
-        prepare<Cfg, true><<<1, GG_MAX_GROUPS, 0, st>>>(t, s, geo, nullptr, *c.host, groups,
-                                                       c.rows, a, b, d);
+        prepare<Cfg, true><<<1, GG_MAX_GROUPS, 0, st>>>(t, s, geo, nullptr, 0, *c.host,
+                                                       groups, c.rows, a, b, d);
     }
     CU_LAUNCHED("grouped GEMM prepare");
 
