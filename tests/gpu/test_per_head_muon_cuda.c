@@ -3,13 +3,16 @@
  * learning rates the weights (rms 0.02) move by about their own size, so fp32 rounding of W
  * does not hide the update's error. Error = rms(ref - x) / rms(ref) per parameter:
  *   ns_precision "full" (f32 Newton-Schulz, TF32 off)           <= 1e-5 against the f64 CPU
- *   ns_precision "bf16" (tensor cores, fp32 accumulation)       <= 2e-3 against the CPU's
- *                        emulation (each product rounded to bf16 as it is stored; ERRATA)
+ *   ns_precision "bf16" (tensor cores, fp32 accumulation)       as close to the exact f64 map
+ *                        as the CPU's emulation (each product rounded to bf16 as it is stored;
+ *                        ERRATA) is: error(gpu, f64) <= 1.35 x error(emulation, f64)
  *   the AdamW group, in either mode                             <= 1e-5
- * (the bf16 bound is issue 19's; on the H200 on 2026-12-02 the device was 3.6e-2 from the
- * emulation on its first parameter, and this failed. Two bf16 pipelines that differ only in
- * fp32 accumulation order already drift apart through the rounding of 30 stored results; the
- * case prints each side's distance from the f64 map as well, to tell drift from a fault.)
+ * Why not issue 19's "<= 2e-3 against the emulation": on the H200 (2026-12-02) the device was
+ * 3.6e-2 from the emulation, while each was 2.6-3.3e-2 from the exact map (ratio 1.00-1.20 per
+ * parameter): two bf16 pipelines that differ only in fp32 accumulation order already drift
+ * 7e-3 apart on a 24x40 block through the rounding of 30 stored results, so the two errors are
+ * independent and their difference is as large as either. The spec measures the same (about
+ * 1.5e-2 from the exact map for one bf16 Newton-Schulz, "test spectra, not elements").
  * over head matrices split by rows and by columns, a plain matrix of the same block shape
  * (one batched group with the heads), plain wide and tall matrices, experts, blocks of more
  * than one chunk, and every AdamW role. The Muon blocks are Gaussian with aspect ratio <= 0.6,
@@ -266,8 +269,9 @@ static void delta(const side *s, int i, const double *before, const double *afte
 
 /* Each parameter's update on the device against the CPU's: finite everywhere, rel rms within
  * muon_tol (Muon group) or 1e-5 (AdamW group). */
+/* Asserts each parameter's update error within its tolerance; errs (if given) gets them. */
 static void compare_updates(const char *where, side *ref, side *dev, const double *ref_before,
-                            const double *dev_before, double muon_tol)
+                            const double *dev_before, double muon_tol, double *errs)
 {
     double *ra = get_params(ref, where), *da = get_params(dev, where);
     for (int i = 0; i < ref->np; i++) {
@@ -282,6 +286,8 @@ static void compare_updates(const char *where, side *ref, side *dev, const doubl
         double tol = is_muon(&ref->spec[i]) ? muon_tol : 1e-5, e = tu_rel_rms(dr, dd, n);
         printf("  %-44s %-16s update rel rms %.2e (tol %.0e)\n", where, ref->spec[i].name, e,
                tol);
+        if (errs)
+            errs[i] = e;
         ck_assert_msg(e <= tol, "%s: parameter %s: update relative rms error %.3g > %.1g", where,
                       ref->spec[i].name, e, tol);
         free(dr), free(dd);
@@ -340,14 +346,21 @@ static void run_vs_cpu(const char *what, const char *cfg, double muon_tol, int s
         TU_OK(side_step(&dev, g, LR[t - 1], t, &err), err);
         TU_OK(side_step(&dev2, g, LR[t - 1], t, &err), err);
         TU_OK(side_step(&exact, g, LR[t - 1], t, &err), err);
-        if (muon_tol > 1e-5) {  /* bf16: how far each is from the exact map, for the record */
+        if (muon_tol > 0) {
+            compare_updates(where, &ref, &dev, rb, db, muon_tol, NULL);
+        } else {  /* bf16: the device as close to the exact map as the emulation is */
             char w2[80];
+            double e_cpu[NMIXED], e_gpu[NMIXED];
             snprintf(w2, sizeof w2, "%s: cpu bf16 vs f64", where);
-            compare_updates(w2, &exact, &ref, eb, rb, 1.0);
+            compare_updates(w2, &exact, &ref, eb, rb, 1.0, e_cpu);
             snprintf(w2, sizeof w2, "%s: gpu bf16 vs f64", where);
-            compare_updates(w2, &exact, &dev, eb, db, 1.0);
+            compare_updates(w2, &exact, &dev, eb, db, 1.0, e_gpu);
+            for (int i = 0; i < NMIXED; i++)
+                if (is_muon(&MIXED[i]))
+                    ck_assert_msg(e_gpu[i] <= 1.35 * e_cpu[i], "%s: %s: the device's update is "
+                                  "%.3g from the exact map, the CPU's bf16 emulation %.3g "
+                                  "(allowed 1.35x)", where, MIXED[i].name, e_gpu[i], e_cpu[i]);
         }
-        compare_updates(where, &ref, &dev, rb, db, muon_tol);
         free(rb), free(db), free(eb), free(g);
     }
     double *a = get_params(&dev, what), *b = get_params(&dev2, what);
@@ -376,7 +389,7 @@ END_TEST
 
 START_TEST(bf16_newton_schulz_vs_cpu_emulation)
 {
-    run_vs_cpu("bf16", "{\"ns_precision\": \"bf16\"}", 2e-3, 2);
+    run_vs_cpu("bf16", "{\"ns_precision\": \"bf16\"}", -1, 2);  /* < 0: against the exact map */
 }
 END_TEST
 
@@ -454,7 +467,7 @@ START_TEST(qk_clip_scales_exactly_the_heads_above_tau)
     TU_OK(side_step(&c.ref, c.g, 0.05, 1, &err), err);
     TU_OK(side_step(&c.on, c.g, 0.05, 1, &err), err);
     TU_OK(side_step(&c.off, c.g, 0.05, 1, &err), err);
-    compare_updates("qk-clip tau 100", &c.ref, &c.on, rb, db, 1e-5);
+    compare_updates("qk-clip tau 100", &c.ref, &c.on, rb, db, 1e-5, NULL);
     c.w_on = get_params(&c.on, "qk-clip");
     c.w_off = get_params(&c.off, "qk-clip");
     ck_assert_int_eq(check_heads(&c, LOGITS), 6);

@@ -245,9 +245,14 @@ START_TEST(test_caps_refused)
     k3rt_stream *s = tu_cpu_stream(1);
     rig r;
     k3rt_create_args a = make_args(K3RT_F32, 0, 16, 1, s);
-    json_t *cfg = json_pack("{}");  /* block_attnres has no CUDA path */
-    REFUSED(rig_create(&r, tu_plugin("block_attnres"), cfg, &a, "residual", &err), err,
-            "residual (block_attnres)", "no CUDA implementation", "cuda:0");
+    /* every bundled plugin has a CUDA path now; the fixture (built without one) has none */
+    static registry cpu_only_reg;
+    const plugin_entry *cpu_only = NULL;
+    TU_OK(registry_load_file(&cpu_only_reg, K3RT_BINARY_DIR "/fixtures/plain_residual.so",
+                             &cpu_only, &err), err);
+    json_t *cfg = json_pack("{}");
+    REFUSED(rig_create(&r, cpu_only, cfg, &a, "residual", &err), err,
+            "residual (standard)", "no CUDA implementation", "cuda:0");
     json_decref(cfg);
     cfg = json_pack("{s:i,s:i}", "heads", 2, "head_dim", 8);
     a = make_args(K3RT_BF16, K3RT_DEVICE_CPU, 16, 1, s);
