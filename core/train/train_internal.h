@@ -10,7 +10,6 @@
 #include "recipe/recipe.h"
 #include "train/data.h"
 #include "train/schedule.h"
-#include "train/train_plot.h"
 #include "train/trainer.h"
 
 typedef struct run {
@@ -102,6 +101,8 @@ int eval_split(rank_ctx *c, const token_stream *s, int64_t max_windows, double *
 void report_progress(rank_ctx *c, int64_t step, double lr, double gnorm, const json_t *moe);
 int report_metrics(rank_ctx *c, json_t *record, k3rt_error *err);
 json_t *moe_metrics(rank_ctx *c, double *worst_maxvio);
+int loss_series_add(loss_series *s, double x, double y, k3rt_error *err);
+void loss_history_free(loss_history *h);
 
 /* train_sample.c */
 int sample_text(model *m, int64_t seq_len, const json_t *sample_cfg, char **out,

@@ -1,5 +1,7 @@
-/* Progress lines and JSON-lines metrics (rank 0), with per-layer MoE load statistics. */
+/* Progress lines and JSON-lines metrics (rank 0), with per-layer MoE load statistics; the
+ * loss history the loss chart is drawn from. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "train/train_internal.h"
@@ -112,4 +114,30 @@ int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
     c->interval_tokens = 0;
     c->interval_t0 = now;
     return K3RT_OK;
+}
+
+int loss_series_add(loss_series *s, double x, double y, k3rt_error *err)
+{
+    if (s->n == s->cap) {
+        int64_t cap = s->cap ? s->cap * 2 : 256;
+        double *nx = realloc(s->x, (size_t)cap * sizeof *nx);
+        if (!nx)
+            return k3rt_fail(err, K3RT_ERR_NOMEM, "loss history: out of memory");
+        s->x = nx;
+        double *ny = realloc(s->y, (size_t)cap * sizeof *ny);
+        if (!ny)
+            return k3rt_fail(err, K3RT_ERR_NOMEM, "loss history: out of memory");
+        s->y = ny;
+        s->cap = cap;
+    }
+    s->x[s->n] = x;
+    s->y[s->n] = y;
+    s->n++;
+    return K3RT_OK;
+}
+
+void loss_history_free(loss_history *h)
+{
+    free(h->train.x), free(h->train.y), free(h->val.x), free(h->val.y);
+    memset(h, 0, sizeof *h);
 }
