@@ -73,9 +73,6 @@ void run_free(run *r);
 int rank_build(rank_ctx *c, k3rt_error *err);
 void rank_free(rank_ctx *c);
 
-/* trainer.c */
-int train_print_header(rank_ctx *c, k3rt_error *err);
-
 /* train_loop.c */
 void *rank_main(void *arg);
 
@@ -98,6 +95,8 @@ int eval_split(rank_ctx *c, const token_stream *s, int64_t max_windows, double *
                k3rt_error *err);
 
 /* train_report.c */
+/* What the run will do: model size, FLOPs, memory, plugins (llm.c prints this too). */
+int train_print_header(rank_ctx *c, k3rt_error *err);
 void report_progress(rank_ctx *c, int64_t step, double lr, double gnorm, const json_t *moe);
 int report_metrics(rank_ctx *c, json_t *record, k3rt_error *err);
 json_t *moe_metrics(rank_ctx *c, double *worst_maxvio);

@@ -205,7 +205,7 @@ static int hook_changes(rank_ctx *c, int64_t step, json_t *metrics, k3rt_error *
 /* A residual that reports "depth_weights" [sublayers + 1, sources] (what each sublayer reads
  * from each depth source) gets it logged and, through the driver's charts, drawn as a heat
  * map, at every evaluation. */
-static int depth_weights(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
+static int log_depth_weights(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
 {
     run *r = c->r;
     struct k3rt_tensor_sink sink;
@@ -281,7 +281,7 @@ static int maybe_eval(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
     K3RT_TRY(eval_split(c, &r->val, r->eval_batches * r->B, &val, err));
     json_object_set_new(rec, "val_loss", json_real(val));
     if (c->rank == 0) {
-        K3RT_TRY(depth_weights(c, step, rec, err));
+        K3RT_TRY(log_depth_weights(c, step, rec, err));
         r->result.final_val_loss = val;
         K3RT_TRY(loss_series_add(&r->history.val, (double)step, val, err));
         if (!r->opt.quiet)
