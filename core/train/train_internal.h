@@ -76,7 +76,7 @@ void rank_free(rank_ctx *c);
 /* train_loop.c */
 void *rank_main(void *arg);
 
-/* train_ckpt.c */
+/* ckpt_run.c */
 int ckpt_save_run(rank_ctx *c, int64_t step, k3rt_error *err);
 int ckpt_load_run(rank_ctx *c, k3rt_error *err);
 /* Checks a resumed manifest against the run: plan, plugins (model shape is checked when the

@@ -62,10 +62,9 @@ static int update_balancers(rank_ctx *c, int64_t step, k3rt_error *err)
 {
     model *m = &c->m;
     for (int i = 0; i < m->n_layers; i++) {
-        int b = m->layers[i].balancer;
-        if (b < 0)
-            continue;
-        K3RT_TRY(rig_update(&m->mods[b].r, c->dp, step, err));
+        rig *bal = model_balancer(m, i);
+        if (bal)
+            K3RT_TRY(rig_update(bal, c->dp, step, err));
     }
     return K3RT_OK;
 }
