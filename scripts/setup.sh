@@ -8,6 +8,14 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config liblua5.4-dev libjansson-dev check libsubunit-dev
           libopenblas-openmp-dev zlib1g-dev python3 python3-numpy)
+# A CUDA build also takes CUTLASS's headers (pinned; the grouped expert GEMMs), installed with
+# pip into .deps/ (git-ignored) rather than into the system's Python.
+cutlass_version=4.2.0.0
+nvcc_found=0
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  nvcc_found=1
+  python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
+fi
 build=1
 for a in "$@"; do
   case "$a" in
@@ -28,8 +36,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get update -qq
   $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+cutlass_args=""
+case " ${K3RT_CMAKE_ARGS:-} " in *"K3RT_CUDA=OFF"*) nvcc_found=0 ;; esac
+if [ "$nvcc_found" -eq 1 ]; then
+  cutlass_dir=".deps/nvidia-cutlass-$cutlass_version"
+  if [ ! -e "$cutlass_dir/cutlass_library/source/include/cutlass/version.h" ]; then
+    echo "installing nvidia-cutlass==$cutlass_version (headers) into $cutlass_dir"
+    python3 -m pip install -q --no-deps --no-compile --target "$cutlass_dir" \
+      "nvidia-cutlass==$cutlass_version"
+  fi
+  cutlass_args="-DK3RT_CUTLASS_DIR=$PWD/$cutlass_dir/cutlass_library/source"
+fi
 [ "$build" -eq 1 ] || exit 0
 
 build_dir="${K3RT_BUILD_DIR:-build}"
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release ${K3RT_CMAKE_ARGS:-} >/dev/null
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release $cutlass_args ${K3RT_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build_dir" -j"$(nproc)"

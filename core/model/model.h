@@ -91,7 +91,15 @@ typedef struct model {
     double aux_loss;         /* balancers' auxiliary loss of the last forward */
     int64_t **routed;        /* per layer [experts]: tokens routed since model_reset_routed
                                 (training forwards only); NULL for dense layers */
+    /* On a GPU the counts of every training forward are copied on the device into one slot of
+     * routed_stage ([MODEL_ROUTED_SLOTS][routed_width] i64) and read into `routed` once, by
+     * model_flush_routed at the end of the step (or when the slots run out), so no micro-batch
+     * waits for them. routed_at[layer] is a layer's offset in a slot. */
+    int64_t *routed_stage, *routed_at, routed_width;
+    int routed_used;
 } model;
+
+#define MODEL_ROUTED_SLOTS 64
 
 /* The model's modules and parameter declarations without any parameter, gradient or
  * activation storage: what `k3rt plan` sizes a model by (counts, FLOPs, plugin byte counts)
@@ -122,6 +130,9 @@ void model_zero_grads(model *m);
 int model_sync_compute(model *m, k3rt_error *err);
 /* Zeroes the per-layer routing counters (start of an optimizer step). */
 void model_reset_routed(model *m);
+/* Adds the counts staged on the device into `routed` (one copy and one wait; nothing to do on
+ * the CPU): before `routed` is read. */
+int model_flush_routed(model *m, k3rt_error *err);
 
 /* One micro-batch of training: forward, loss, backward. Gradients accumulate scaled by
  * grad_scale per token (1 / tokens of the whole step). *loss_sum gets the summed token loss

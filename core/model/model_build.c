@@ -369,15 +369,22 @@ static int read_scalars(model *m, const json_t *doc, k3rt_error *err)
 static int alloc_routed(model *m, k3rt_error *err)
 {
     m->routed = calloc((size_t)m->n_layers, sizeof *m->routed);
-    if (!m->routed)
+    m->routed_at = calloc((size_t)m->n_layers, sizeof *m->routed_at);
+    if (!m->routed || !m->routed_at)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
     for (int i = 0; i < m->n_layers; i++)
         if (m->layers[i].experts) {
             m->routed[i] = calloc((size_t)m->layers[i].experts, sizeof(int64_t));
             if (!m->routed[i])
                 return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
+            m->routed_at[i] = m->routed_width;
+            m->routed_width += m->layers[i].experts;
         }
-    return K3RT_OK;
+    if (m->opt.device == K3RT_DEVICE_CPU || m->routed_width == 0)
+        return K3RT_OK;
+    size_t bytes = (size_t)(MODEL_ROUTED_SLOTS * m->routed_width) * sizeof(int64_t);
+    m->routed_stage = k3rt_alloc(m->opt.device, bytes, err);
+    return m->routed_stage ? K3RT_OK : err->code;
 }
 
 void model_reset_routed(model *m)
@@ -385,6 +392,27 @@ void model_reset_routed(model *m)
     for (int i = 0; i < m->n_layers; i++)
         if (m->routed[i])
             memset(m->routed[i], 0, (size_t)m->layers[i].experts * sizeof(int64_t));
+    m->routed_used = 0;
+}
+
+int model_flush_routed(model *m, k3rt_error *err)
+{
+    if (!m->routed_used)
+        return K3RT_OK;
+    int64_t n = m->routed_used * m->routed_width, *h = malloc((size_t)n * sizeof *h);
+    if (!h)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
+    int rc = k3rt_memcpy(m->opt.stream, h, K3RT_DEVICE_CPU, m->routed_stage, m->opt.device,
+                         (size_t)n * sizeof *h, err);
+    if (!rc)
+        rc = k3rt_stream_sync(m->opt.stream, err);
+    for (int s = 0; !rc && s < m->routed_used; s++)
+        for (int i = 0; i < m->n_layers; i++)
+            for (int64_t e = 0; m->routed[i] && e < m->layers[i].experts; e++)
+                m->routed[i][e] += h[s * m->routed_width + m->routed_at[i] + e];
+    free(h);
+    m->routed_used = 0;
+    return rc;
 }
 
 int model_declare(model *m, const json_t *doc, registry *reg, const model_options *opt,
@@ -450,6 +478,8 @@ void model_free(model *m)
         for (int i = 0; i < m->n_layers; i++)
             free(m->routed[i]);
     free(m->routed);
+    free(m->routed_at);
+    k3rt_free(m->opt.device, m->routed_stage);
     free(m->layers);
     free(m->params);
     k3rt_free(m->opt.device, m->param_buf);

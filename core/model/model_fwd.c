@@ -100,21 +100,20 @@ static int sum_rows(model *m, const void *x, int64_t n, double *sum, k3rt_error 
     return rc;
 }
 
-/* Adds a layer's routed counts (on the run's device) into the step's host counters. */
+/* A layer's routed counts of this forward: added into the step's host counters on the CPU; on
+ * a GPU copied on the device into this forward's slot (model_flush_routed reads them). */
 static int add_counts(model *m, int layer, const k3rt_tensor *counts, k3rt_error *err)
 {
-    int64_t E = m->layers[layer].experts, host[1024], *c = host;
-    if (E > 1024 && !(c = malloc((size_t)E * sizeof *c)))
-        return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
-    int rc = k3rt_memcpy(m->opt.stream, c, K3RT_DEVICE_CPU, counts->data, counts->device,
-                         (size_t)E * sizeof *c, err);
-    if (!rc && counts->device != K3RT_DEVICE_CPU)
-        rc = k3rt_stream_sync(m->opt.stream, err);
-    for (int64_t e = 0; !rc && e < E; e++)
-        m->routed[layer][e] += c[e];
-    if (c != host)
-        free(c);
-    return rc;
+    int64_t E = m->layers[layer].experts;
+    if (counts->device == K3RT_DEVICE_CPU) {
+        const int64_t *c = counts->data;
+        for (int64_t e = 0; e < E; e++)
+            m->routed[layer][e] += c[e];
+        return K3RT_OK;
+    }
+    int64_t *slot = m->routed_stage + (m->routed_used - 1) * m->routed_width;
+    return k3rt_memcpy(m->opt.stream, slot + m->routed_at[layer], m->opt.device, counts->data,
+                       counts->device, (size_t)E * sizeof(int64_t), err);
 }
 
 /* Sublayer s forward on xn -> ys. MoE layers take the balancer's bias, report routing to the
@@ -183,6 +182,11 @@ static int forward_body(model *m, const int32_t *tokens, int training, double au
                                 m->vocab, m->d, err));
     K3RT_TRY(residual_call(m, RIG_BEGIN, 0, a->h0, err));
     m->aux_loss = 0;
+    if (training && m->routed_stage) {  /* this forward's slot of routed counts */
+        if (m->routed_used == MODEL_ROUTED_SLOTS)
+            K3RT_TRY(model_flush_routed(m, err));
+        m->routed_used++;
+    }
     for (int s = 0; s < 2 * m->n_layers; s++) {
         void *hs = model_sub(m, a->hs, s);
         void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->master_elem;

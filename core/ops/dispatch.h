@@ -12,6 +12,10 @@
 #endif
 
 int ops_no_cuda_kernel(k3rt_error *err, const char *op);
+/* The int64 host copy (malloc'd, *out) of groups + 1 group offsets of dtype K3RT_I32 or
+ * K3RT_I64, checked: start at 0, end at most at `rows` (the grouped ops check the order). */
+int ops_widen_offsets(const char *op, const void *offsets, int dtype, int64_t groups,
+                      int64_t rows, int64_t **out, k3rt_error *err);
 int ops_bad_dtype(k3rt_error *err, const char *op, int dtype);
 
 /* Returns CUDA_EXPR (a cuda_* call) when s is a CUDA stream; the expression is not compiled

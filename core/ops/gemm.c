@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <stdlib.h>
 
 /* OpenBLAS's OpenMP build sizes its team from the calling thread's OpenMP budget, so each
  * rank thread of the local backend gets the stream's share. */
@@ -205,4 +206,61 @@ int k3rt_grouped_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void
                      (char *)dw + g * out * in * es, in);
     }
     return K3RT_OK;
+}
+
+int ops_widen_offsets(const char *op, const void *offsets, int dtype, int64_t groups,
+                      int64_t rows, int64_t **out, k3rt_error *err)
+{
+    if (groups < 0 || !offsets || (dtype != K3RT_I32 && dtype != K3RT_I64))
+        return k3rt_fail(err, K3RT_ERR_INVALID,
+                         "%s: %lld groups, offsets %s of dtype %s (i32 or i64 please)", op,
+                         (long long)groups, offsets ? "given" : "missing", k3rt_dtype_name(dtype));
+    int64_t *w = malloc((size_t)(groups + 1) * sizeof *w);
+    if (!w)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "%s: no memory for %lld offsets", op,
+                         (long long)groups + 1);
+    for (int64_t g = 0; g <= groups; g++)
+        w[g] = dtype == K3RT_I32 ? ((const int32_t *)offsets)[g] : ((const int64_t *)offsets)[g];
+    if (w[0] != 0 || w[groups] > rows) {
+        int64_t first = w[0], last = w[groups];
+        free(w);
+        return k3rt_fail(err, K3RT_ERR_INVALID,
+                         "%s: offsets run from %lld to %lld; they must start at 0 and end at "
+                         "most at rows = %lld",
+                         op, (long long)first, (long long)last, (long long)rows);
+    }
+    *out = w;
+    return K3RT_OK;
+}
+
+int k3rt_grouped_linear_fwd_dev(k3rt_stream *s, int dtype, const void *x, const void *w,
+                                void *y, const void *offsets, int offsets_dtype, int64_t groups,
+                                int64_t rows, int64_t in, int64_t out, k3rt_error *err)
+{
+    OPS_ON_CUDA(s, "grouped_linear_fwd_dev",
+                cuda_grouped_linear_fwd_dev(s, dtype, x, w, y, offsets, offsets_dtype, groups,
+                                            rows, in, out, err));
+    int64_t *off;
+    K3RT_TRY(ops_widen_offsets("grouped_linear_fwd_dev", offsets, offsets_dtype, groups, rows,
+                               &off, err));
+    int rc = k3rt_grouped_linear_fwd(s, dtype, x, w, y, off, groups, in, out, err);
+    free(off);
+    return rc;
+}
+
+int k3rt_grouped_linear_bwd_dev(k3rt_stream *s, int dtype, const void *x, const void *w,
+                                const void *dy, void *dx, void *dw, const void *offsets,
+                                int offsets_dtype, int64_t groups, int64_t rows, int64_t in,
+                                int64_t out, int accumulate_dx, k3rt_error *err)
+{
+    OPS_ON_CUDA(s, "grouped_linear_bwd_dev",
+                cuda_grouped_linear_bwd_dev(s, dtype, x, w, dy, dx, dw, offsets, offsets_dtype,
+                                            groups, rows, in, out, accumulate_dx, err));
+    int64_t *off;
+    K3RT_TRY(ops_widen_offsets("grouped_linear_bwd_dev", offsets, offsets_dtype, groups, rows,
+                               &off, err));
+    int rc = k3rt_grouped_linear_bwd(s, dtype, x, w, dy, dx, dw, off, groups, in, out,
+                                     accumulate_dx, err);
+    free(off);
+    return rc;
 }

@@ -51,6 +51,7 @@ static int gather_stats(rank_ctx *c, k3rt_error *err)
         tensor_sink_free(&sink);
         K3RT_TRY(rc);
     }
+    K3RT_TRY(model_flush_routed(m, err));
     for (int i = 0; i < m->n_layers; i++)
         if (m->routed[i])
             K3RT_TRY(all_reduce(c, m->routed[i], m->layers[i].experts, K3RT_I64,

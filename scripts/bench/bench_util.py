@@ -1,6 +1,8 @@
 """What the PyTorch sides of the GPU benchmarks share: running a C driver and reading its
 key=value lines, and the timing loop (CUDA events around each run after warm-up; the median in
 milliseconds)."""
+import ctypes
+import glob
 import os
 import subprocess
 import sys
@@ -53,3 +55,24 @@ def median_ms(fn, runs, warmup):
     t = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
     n = len(t)
     return t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
+
+
+def load_k3rt_library(dirs, name):
+    """ctypes.CDLL of the benchmark export `name` (e.g. libk3rt_kda_cuda_bench.so) from the
+    first of dirs holding it, after the build host's libraries the image lacks and libk3rt
+    itself, loaded by path and globally so PyTorch keeps its own libraries."""
+    def find(pattern):
+        for d in dirs:
+            hits = sorted(glob.glob(os.path.join(d, pattern)))
+            if hits:
+                return hits[0]
+        return None
+    for dep in ("libquadmath.so.0", "libgfortran.so.5", "libgomp.so.1", "libopenblas.so.0",
+                "liblua5.4.so.0", "libjansson.so.4", "libk3rt.so.2", "libk3rt.so.1"):
+        p = find(dep)
+        if p:
+            ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
+    p = find(name)
+    if not p:
+        sys.exit(f"{name} not found in {dirs}")
+    return ctypes.CDLL(p)

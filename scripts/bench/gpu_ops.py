@@ -48,7 +48,8 @@ def torch_case(r):
     if op.startswith("grouped_"):
         g, rows, i, o = r["groups"], r["rows"], r["in"], r["out"]
         x, w, dy = randn(rows, i), randn(g, o, i, scale=0.03), randn(rows, o)
-        offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (rows // g)
+        counts = [int(c) for c in str(r["counts"]).split(",")]  # the driver's, same groups
+        offs = torch.tensor(counts, device="cuda", dtype=torch.int32).cumsum(0, dtype=torch.int32)
         gm = getattr(torch, "_grouped_mm", None)
         if gm is None:
             return None
@@ -110,7 +111,8 @@ def torch_case(r):
 
 
 def shape_of(r):
-    keys = [k for k in ("n", "m", "k", "in", "out", "groups", "rows", "d", "v", "size") if k in r]
+    keys = [k for k in ("n", "m", "k", "in", "out", "groups", "rows", "skew", "max/mean", "d", "v",
+                        "size") if k in r]
     return " ".join(f"{k}={r[k]}" for k in keys)
 
 

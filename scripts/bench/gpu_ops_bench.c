@@ -12,9 +12,11 @@
  *   1024->1024 KDA q/k/v/g/o, MLA q/gate/o, shared expert;  1024->128 / 128->1024 KDA forget
  *   gate (rank 128);  1024->320 MLA kv down (rank 256 + 64 shared key);  256->1024 MLA k/v up;
  *   1024->512 / 512->1024 LatentMoE down / up;  1024->4096 / 4096->1024 dense SiTU-GLU FFN;
- *   1024->32000 LM head;  grouped 64 experts x 4096 rows 512->768 and 768->512 (top-8 of N). */
+ *   1024->32000 LM head;  grouped: K3-mini's experts (64, top-8 of N rows, 512->1536 and
+ *   768->512) and K3's (128, 65,536 rows, 3584->6144 and 3072->3584), uniform and Zipf(1.2). */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,55 +134,94 @@ static void bench_linear(int dtype, int64_t n, int64_t in, int64_t out)
 }
 
 typedef struct {
-    int64_t groups, in, out, *off;
+    int64_t groups, rows, in, out;
+    int32_t *off;  /* device offsets: the router's form, no host synchronisation */
     void *x, *w, *y, *dy, *dx, *dw;
 } grp_ctx;
 
 static int grp_fwd(void *c, k3rt_error *err)
 {
     grp_ctx *g = c;
-    return k3rt_grouped_linear_fwd(S, K3RT_BF16, g->x, g->w, g->y, g->off, g->groups, g->in,
-                                   g->out, err);
+    return k3rt_grouped_linear_fwd_dev(S, K3RT_BF16, g->x, g->w, g->y, g->off, K3RT_I32,
+                                       g->groups, g->rows, g->in, g->out, err);
 }
 static int grp_dx(void *c, k3rt_error *err)
 {
     grp_ctx *g = c;
-    return k3rt_grouped_linear_bwd(S, K3RT_BF16, g->x, g->w, g->dy, g->dx, NULL, g->off,
-                                   g->groups, g->in, g->out, 0, err);
+    return k3rt_grouped_linear_bwd_dev(S, K3RT_BF16, g->x, g->w, g->dy, g->dx, NULL, g->off,
+                                       K3RT_I32, g->groups, g->rows, g->in, g->out, 0, err);
 }
 static int grp_dw(void *c, k3rt_error *err)
 {
     grp_ctx *g = c;
-    return k3rt_grouped_linear_bwd(S, K3RT_BF16, g->x, g->w, g->dy, NULL, g->dw, g->off,
-                                   g->groups, g->in, g->out, 0, err);
+    return k3rt_grouped_linear_bwd_dev(S, K3RT_BF16, g->x, g->w, g->dy, NULL, g->dw, g->off,
+                                       K3RT_I32, g->groups, g->rows, g->in, g->out, 0, err);
 }
 
-static void bench_grouped(int64_t groups, int64_t rows_per, int64_t in, int64_t out)
+/* Rows per expert: uniform (skew 0) or Zipf(skew), the expert of rank r getting a share
+ * proportional to r^-skew (Zipf(1.2) over 64 experts: the largest 18.7x the mean), ranks
+ * dealt to the experts in a fixed shuffled order. */
+static void expert_counts(int64_t groups, int64_t rows, double skew, int64_t *count)
+{
+    double *wt = malloc((size_t)groups * sizeof *wt), sum = 0;
+    int64_t *rank = malloc((size_t)groups * sizeof *rank);
+    for (int64_t g = 0; g < groups; g++)
+        rank[g] = g;
+    k3rt_rng rng;
+    k3rt_rng_seed(&rng, 42, 9);
+    for (int64_t g = groups - 1; g > 0; g--) {
+        int64_t h = (int64_t)(k3rt_rng_u64(&rng) % (uint64_t)(g + 1)), t = rank[g];
+        rank[g] = rank[h], rank[h] = t;
+    }
+    for (int64_t g = 0; g < groups; g++)
+        sum += wt[g] = pow((double)(rank[g] + 1), -skew);
+    int64_t given = 0;
+    for (int64_t g = 0; g < groups; g++)
+        given += count[g] = (int64_t)((double)rows * wt[g] / sum);
+    for (int64_t g = 0; given < rows; g = (g + 1) % groups, given++)
+        count[g]++;
+    free(wt), free(rank);
+}
+
+static void bench_grouped(int64_t groups, int64_t rows, int64_t in, int64_t out, double skew)
 {
     if (!wanted("grouped"))
         return;
-    int64_t rows = groups * rows_per;
-    int64_t *off = malloc((size_t)(groups + 1) * sizeof *off);
-    for (int64_t g = 0; g <= groups; g++)
-        off[g] = g * rows_per;
-    grp_ctx c = {groups, in, out, off, bench_dev(rows * in * 2), bench_dev(groups * out * in * 2),
+    int64_t *count = malloc((size_t)groups * sizeof *count), most = 0;
+    int32_t *off = malloc((size_t)(groups + 1) * sizeof *off);
+    expert_counts(groups, rows, skew, count);
+    /* The counts travel in the line, so the PyTorch side runs the same groups. */
+    size_t cap = (size_t)groups * 12 + 16, at = 0;
+    char *list = malloc(cap);
+    off[0] = 0;
+    for (int64_t g = 0; g < groups; g++) {
+        off[g + 1] = off[g] + (int32_t)count[g];
+        most = count[g] > most ? count[g] : most;
+        at += (size_t)snprintf(list + at, cap - at, "%s%lld", g ? "," : "", (long long)count[g]);
+    }
+    grp_ctx c = {groups, rows, in, out, bench_dev((size_t)(groups + 1) * 4),
+                 bench_dev(rows * in * 2), bench_dev(groups * out * in * 2),
                  bench_dev(rows * out * 2), bench_dev(rows * out * 2), bench_dev(rows * in * 2),
                  bench_dev(groups * out * in * 4)};
+    bench_cuda_check(cudaMemcpy(c.off, off, (size_t)(groups + 1) * 4, cudaMemcpyHostToDevice),
+                     "cudaMemcpy");
     fill_random(c.x, K3RT_BF16, rows * in, 1.0, 5);
     fill_random(c.w, K3RT_BF16, groups * out * in, 0.03, 6);
     fill_random(c.dy, K3RT_BF16, rows * out, 1.0, 7);
     fill_random(c.dw, K3RT_F32, groups * out * in, 1e-3, 8);
-    char shape[160];
-    snprintf(shape, sizeof shape, "groups=%lld rows=%lld in=%lld out=%lld dtype=bf16",
-             (long long)groups, (long long)rows, (long long)in, (long long)out);
+    char *shape = malloc(cap + 200);
+    snprintf(shape, cap + 200,
+             "groups=%lld rows=%lld in=%lld out=%lld skew=%g max/mean=%.1f dtype=bf16 counts=%s",
+             (long long)groups, (long long)rows, (long long)in, (long long)out, skew,
+             (double)most * (double)groups / (double)rows, list);
     double f = 2.0 * rows * in * out, b = (double)(rows * in + groups * in * out + rows * out) * 2;
     report("grouped_fwd", shape, bench_median_ms(grp_fwd, &c, CS, WARM, RUNS, "grouped_linear_fwd"), f, b);
     report("grouped_dx", shape, bench_median_ms(grp_dx, &c, CS, WARM, RUNS, "grouped_linear_bwd dx"), f, b);
     report("grouped_dw", shape, bench_median_ms(grp_dw, &c, CS, WARM, RUNS, "grouped_linear_bwd dW"), f,
            (double)(rows * in + rows * out) * 2 + 8.0 * groups * in * out);
-    k3rt_free(0, c.x), k3rt_free(0, c.w), k3rt_free(0, c.y), k3rt_free(0, c.dy);
-    k3rt_free(0, c.dx), k3rt_free(0, c.dw);
-    free(off);
+    k3rt_free(0, c.off), k3rt_free(0, c.x), k3rt_free(0, c.w), k3rt_free(0, c.y);
+    k3rt_free(0, c.dy), k3rt_free(0, c.dx), k3rt_free(0, c.dw);
+    free(count), free(off), free(list), free(shape);
 }
 
 typedef struct {
@@ -424,8 +465,14 @@ int main(int argc, char **argv)
                               {1024, 32000}};
     for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++)
         bench_linear(K3RT_BF16, N, lin[i][0], lin[i][1]);
-    bench_grouped(64, N * 8 / 64, 512, 768);
-    bench_grouped(64, N * 8 / 64, 768, 512);
+    /* K3-mini's experts (top-8 of N tokens over 64: 512 -> 2 x 768 gate/up, 768 -> 512
+     * down) and K3's (128 local experts, latent 3584 -> 2 x 3072, 3072 -> 3584, 65,536 rows),
+     * uniform and Zipf(1.2)-skewed. */
+    const int64_t grp[][4] = {{64, N * 8, 512, 1536}, {64, N * 8, 768, 512},
+                              {128, 65536, 3584, 6144}, {128, 65536, 3072, 3584}};
+    for (size_t i = 0; i < sizeof grp / sizeof grp[0]; i++)
+        for (int z = 0; z < 2; z++)
+            bench_grouped(grp[i][0], grp[i][1], grp[i][2], grp[i][3], z ? 1.2 : 0.0);
     bench_gemm_f32(4096, 4096, 4096);
     bench_rmsnorm(N, 1024);
     bench_rmsnorm(N, 512);

@@ -29,7 +29,6 @@ loaded by path, in dependency order, so PyTorch keeps its own libraries.
 """
 import argparse
 import ctypes
-import glob
 import json
 import os
 import sys
@@ -38,7 +37,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench_util import median_ms
+from bench_util import load_k3rt_library, median_ms
 
 BF = torch.bfloat16
 K3RT_BF16 = 3
@@ -57,22 +56,7 @@ class Args(ctypes.Structure):
 
 
 def load_k3rt(dirs):
-    def find(pattern):
-        for d in dirs:
-            hits = sorted(glob.glob(os.path.join(d, pattern)))
-            if hits:
-                return hits[0]
-        return None
-    # the build host's libraries the image lacks, then libk3rt, then the benchmark's export
-    for name in ("libquadmath.so.0", "libgfortran.so.5", "libgomp.so.1", "libopenblas.so.0",
-                 "liblua5.4.so.0", "libjansson.so.4", "libk3rt.so.1"):
-        p = find(name)
-        if p:
-            ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
-    p = find("libk3rt_kda_cuda_bench.so")
-    if not p:
-        sys.exit(f"libk3rt_kda_cuda_bench.so not found in {dirs}")
-    lib = ctypes.CDLL(p)
+    lib = load_k3rt_library(dirs, "libk3rt_kda_cuda_bench.so")
     lib.kdab_args_size.restype = ctypes.c_size_t
     if lib.kdab_args_size() != ctypes.sizeof(Args):
         sys.exit(f"kda_cuda_args is {lib.kdab_args_size()} bytes, the mirror "

@@ -281,6 +281,126 @@ START_TEST(grouped_linear_vs_cpu)
 }
 END_TEST
 
+/* The CUTLASS grouped GEMM (bf16, in and out multiples of 8, sm_90; elsewhere the same calls
+ * take the loop and the test still holds): offsets from the host (odt 0) and from the device
+ * (odt K3RT_I32 or K3RT_I64). */
+static void grouped_bf16_case(int64_t groups, const int64_t *off, int64_t in, int64_t out,
+                              int odt)
+{
+    k3rt_error err = {0};
+    const int dt = K3RT_BF16, dev_offsets = odt != 0;
+    int64_t rows = off[groups];
+    int32_t *off32 = malloc((size_t)(groups + 1) * sizeof *off32);
+    void *doff = NULL;
+    for (int64_t g = 0; g <= groups; g++)
+        off32[g] = (int32_t)off[g];
+    if (odt == K3RT_I32)
+        doff = dev_i32(off32, groups + 1);
+    else if (odt == K3RT_I64) {
+        doff = k3rt_alloc(0, (size_t)(groups + 1) * 8, &err);
+        ck_assert_msg(doff != NULL, "k3rt_alloc: %s", err.msg);
+        TU_OK(k3rt_memcpy(G, doff, 0, off, K3RT_DEVICE_CPU, (size_t)(groups + 1) * 8, &err), err);
+        TU_OK(k3rt_stream_sync(G, &err), err);
+    }
+    darr x = rnd(dt, rows * in, 1.0), w = rnd(dt, groups * out * in, 0.2);
+    darr dy = rnd(dt, rows * out, 1.0), y = poisoned(dt, rows * out), y2 = poisoned(dt, rows * out);
+    double *yr = calloc((size_t)(rows * out > 0 ? rows * out : 1), sizeof *yr);
+    TU_OK(k3rt_grouped_linear_fwd(H, K3RT_F64, x.ref, w.ref, yr, off, groups, in, out, &err), err);
+    for (int rep = 0; rep < 2; rep++) {
+        void *yd = rep ? y2.dev : y.dev;
+        if (dev_offsets)
+            TU_OK(k3rt_grouped_linear_fwd_dev(G, dt, x.dev, w.dev, yd, doff, odt, groups, rows,
+                                              in, out, &err), err);
+        else
+            TU_OK(k3rt_grouped_linear_fwd(G, dt, x.dev, w.dev, yd, off, groups, in, out, &err), err);
+    }
+    expect_close("grouped bf16 fwd y", yr, &y);
+    expect_same_bits("grouped bf16 fwd y", &y, &y2);
+    for (int acc = 0; acc < 2; acc++) {
+        darr dx = acc ? rnd(dt, rows * in, 1.0) : poisoned(dt, rows * in);
+        darr dw = rnd(K3RT_F32, groups * out * in, 1.0);
+        double *dxr = copy_of(dx.ref, rows * in), *dwr = copy_of(dw.ref, groups * out * in);
+        TU_OK(k3rt_grouped_linear_bwd(H, K3RT_F64, x.ref, w.ref, dy.ref, dxr, dwr, off, groups,
+                                      in, out, acc, &err), err);
+        if (dev_offsets)
+            TU_OK(k3rt_grouped_linear_bwd_dev(G, dt, x.dev, w.dev, dy.dev, dx.dev, dw.dev, doff,
+                                              odt, groups, rows, in, out, acc, &err), err);
+        else
+            TU_OK(k3rt_grouped_linear_bwd(G, dt, x.dev, w.dev, dy.dev, dx.dev, dw.dev, off,
+                                          groups, in, out, acc, &err), err);
+        expect_close("grouped bf16 bwd dx", dxr, &dx);
+        expect_close("grouped bf16 bwd dW", dwr, &dw);
+        free(dxr), free(dwr);
+        drop(&dx), drop(&dw);
+    }
+    free(yr), free(off32);
+    if (doff)
+        k3rt_free(0, doff);
+    drop(&x), drop(&w), drop(&dy), drop(&y), drop(&y2);
+}
+
+/* Offsets of `groups` groups over `rows` rows: weights (g+1)^-skew in a shuffled order, every
+ * `empty_every`-th group empty (0: none). */
+static int64_t *ragged_offsets(int64_t groups, int64_t rows, double skew, int empty_every,
+                               uint64_t seed)
+{
+    double *wt = malloc((size_t)groups * sizeof *wt), sum = 0;
+    int64_t *off = malloc((size_t)(groups + 1) * sizeof *off);
+    for (int64_t g = 0; g < groups; g++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int64_t r = (int64_t)((seed >> 33) % (uint64_t)groups);  /* a rank, shuffled */
+        wt[g] = (empty_every && g % empty_every == 1) ? 0.0 : pow((double)(r + 1), -skew);
+        sum += wt[g];
+    }
+    double acc = 0;
+    off[0] = 0;
+    for (int64_t g = 0; g < groups; g++) {
+        acc += wt[g];
+        off[g + 1] = (int64_t)(rows * (acc / sum) + 0.5);
+    }
+    off[groups] = rows;
+    free(wt);
+    return off;
+}
+
+START_TEST(grouped_bf16_vs_cpu)
+{
+    /* Ragged with empty groups; all rows in one group; Zipf(1.2) over 64 experts; the most
+     * groups one launch takes (mostly empty); one more (the loop). */
+    int64_t *ragged = ragged_offsets(8, 1000, 0.5, 3, 11);
+    int64_t all_in_one[7] = {0, 0, 0, 777, 777, 777, 777};
+    int64_t *zipf = ragged_offsets(64, 4096, 1.2, 0, 12);
+    int64_t *many = ragged_offsets(1024, 3000, 1.0, 2, 13);
+    int64_t *more = ragged_offsets(1025, 40, 0.0, 4, 14);  /* few launches of the loop */
+    const int odt[3] = {0, K3RT_I32, K3RT_I64};
+    for (int o = 0; o < 3; o++) {
+        grouped_bf16_case(8, ragged, 128, 96, odt[o]);
+        grouped_bf16_case(6, all_in_one, 64, 136, odt[o]);
+        grouped_bf16_case(64, zipf, 128, 256, odt[o]);
+        grouped_bf16_case(1024, many, 32, 16, odt[o]);
+        grouped_bf16_case(1025, more, 8, 24, odt[o]);
+    }
+    free(ragged), free(zipf), free(many), free(more);
+}
+END_TEST
+
+START_TEST(grouped_dev_offsets_checked_on_fallback)
+{
+    /* f32 takes the loop: device offsets are read back and a bad end is refused. */
+    k3rt_error err = {0};
+    const int32_t bad[] = {0, 4, 9};
+    int32_t *d = dev_i32(bad, 3);
+    darr x = rnd(K3RT_F32, 8 * 8, 1.0), w = rnd(K3RT_F32, 2 * 8 * 8, 1.0);
+    darr y = poisoned(K3RT_F32, 8 * 8);
+    int rc = k3rt_grouped_linear_fwd_dev(G, K3RT_F32, x.dev, w.dev, y.dev, d, K3RT_I32, 2, 8, 8,
+                                         8, &err);
+    ck_assert_int_eq(rc, K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "rows = 8") != NULL, "message: %s", err.msg);
+    k3rt_free(0, d);
+    drop(&x), drop(&w), drop(&y);
+}
+END_TEST
+
 /* ---- RMSNorm --------------------------------------------------------------------------------- */
 
 static void rmsnorm_case(int dtype, int64_t n, int64_t d, int gain, int acc)
@@ -849,6 +969,12 @@ static Suite *suite(void)
     tcase_add_test(t, allocator_reuses_and_releases);
     tcase_add_test(t, pinned_round_trip);
     suite_add_tcase(s, t);
+    /* Its own case, so that CK_RUN_CASE=grouped runs it alone (under compute-sanitizer). */
+    TCase *gr = tcase_create("grouped");
+    tcase_set_timeout(gr, 300);
+    tcase_add_test(gr, grouped_bf16_vs_cpu);
+    tcase_add_test(gr, grouped_dev_offsets_checked_on_fallback);
+    suite_add_tcase(s, gr);
     return s;
 }
 

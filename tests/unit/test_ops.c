@@ -261,6 +261,38 @@ START_TEST(grouped_linear_backward)
 }
 END_TEST
 
+START_TEST(grouped_linear_int32_offsets_match)
+{
+    /* The _dev forms on a CPU stream: int32 and int64 offsets, the same numbers as the host
+     * forms; an end past `rows`, or offsets of another dtype, are refused. */
+    double x[N * IN], w[3 * OUT * IN], dy[N * OUT], y[N * OUT], y32[N * OUT];
+    double dx[N * IN], dx32[N * IN], dw[3 * OUT * IN] = {0}, dw32[3 * OUT * IN] = {0};
+    tu_randn(x, N * IN, 1.0, 19);
+    tu_randn(w, 3 * OUT * IN, 1.0, 20);
+    tu_randn(dy, N * OUT, 1.0, 21);
+    const int32_t offs32[4] = {0, 2, 2, 5};
+    k3rt_error err = {0};
+    TU_OK(k3rt_grouped_linear_fwd(S, K3RT_F64, x, w, y, OFFS, 3, IN, OUT, &err), err);
+    TU_OK(k3rt_grouped_linear_fwd_dev(S, K3RT_F64, x, w, y32, offs32, K3RT_I32, 3, N, IN, OUT,
+                                      &err), err);
+    TU_OK(k3rt_grouped_linear_bwd(S, K3RT_F64, x, w, dy, dx, dw, OFFS, 3, IN, OUT, 0, &err), err);
+    TU_OK(k3rt_grouped_linear_bwd_dev(S, K3RT_F64, x, w, dy, dx32, dw32, offs32, K3RT_I32, 3, N,
+                                      IN, OUT, 0, &err), err);
+    ck_assert_mem_eq(y, y32, sizeof y);
+    ck_assert_mem_eq(dx, dx32, sizeof dx);
+    ck_assert_mem_eq(dw, dw32, sizeof dw);
+    memset(y32, 0, sizeof y32);
+    TU_OK(k3rt_grouped_linear_fwd_dev(S, K3RT_F64, x, w, y32, OFFS, K3RT_I64, 3, N, IN, OUT,
+                                      &err), err);
+    ck_assert_mem_eq(y, y32, sizeof y);
+    ck_assert_int_eq(k3rt_grouped_linear_fwd_dev(S, K3RT_F64, x, w, y32, offs32, K3RT_I32, 3, 4,
+                                                 IN, OUT, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "rows = 4") != NULL, "message: %s", err.msg);
+    ck_assert_int_eq(k3rt_grouped_linear_fwd_dev(S, K3RT_F64, x, w, y32, offs32, K3RT_F32, 3, N,
+                                                 IN, OUT, &err), K3RT_ERR_INVALID);
+}
+END_TEST
+
 /* ---- float against double; determinism across thread counts ---------------------------------- */
 START_TEST(float_matches_double_and_threads_do_not_change_bits)
 {
@@ -366,6 +398,7 @@ int main(void)
     tcase_add_test(tc, glu_backwards_and_situ_bound);
     tcase_add_test(tc, linear_backward);
     tcase_add_test(tc, grouped_linear_backward);
+    tcase_add_test(tc, grouped_linear_int32_offsets_match);
     tcase_add_test(tc, float_matches_double_and_threads_do_not_change_bits);
     tcase_add_test(tc, gemm_split_matches_one_thread);
     tcase_add_test(tc, dtype_conversions);

@@ -245,9 +245,14 @@ START_TEST(test_caps_refused)
     k3rt_stream *s = tu_cpu_stream(1);
     rig r;
     k3rt_create_args a = make_args(K3RT_F32, 0, 16, 1, s);
-    json_t *cfg = json_pack("{}");  /* latent_moe has no CUDA path */
-    REFUSED(rig_create(&r, tu_plugin("latent_moe"), cfg, &a, "layers.2.ffn", &err), err,
-            "layers.2.ffn (latent_moe)", "no CUDA implementation", "cuda:0");
+    /* every bundled plugin has a CUDA path now; the fixture (built without one) has none */
+    static registry cpu_only_reg;
+    const plugin_entry *cpu_only = NULL;
+    TU_OK(registry_load_file(&cpu_only_reg, K3RT_BINARY_DIR "/fixtures/plain_residual.so",
+                             &cpu_only, &err), err);
+    json_t *cfg = json_pack("{}");
+    REFUSED(rig_create(&r, cpu_only, cfg, &a, "residual", &err), err,
+            "residual (standard)", "no CUDA implementation", "cuda:0");
     json_decref(cfg);
     cfg = json_pack("{s:i,s:i}", "heads", 2, "head_dim", 8);
     a = make_args(K3RT_BF16, K3RT_DEVICE_CPU, 16, 1, s);
@@ -388,14 +393,19 @@ START_TEST(test_residual_calls)
     ra.rstd.shape[0] = 3;
     TU_OK(rig_residual(&r, RIG_MIX_NORM, &ra, &err), err);
     rig_destroy(&r);
-    /* a residual without the fused norm: the call is refused, naming it */
+    /* a residual without the fused norm (the standard one, minus it): the call is refused,
+     * naming it */
+    static registry fx_reg;
+    const plugin_entry *fx = NULL;
+    TU_OK(registry_load_file(&fx_reg, K3RT_BINARY_DIR "/fixtures/plain_residual.so",
+                             &fx, &err), err);
     cfg = json_object();
-    TU_OK(rig_create(&r, tu_plugin("block_attnres"), cfg, &a, "residual", &err), err);
+    TU_OK(rig_create(&r, fx, cfg, &a, "residual", &err), err);
     json_decref(cfg);
     TU_OK(rig_alloc_params(&r, &err), err);
     TU_OK(rig_alloc_shape(&r, 1, 3, 1, &err), err);
     ck_assert(!rig_has_residual(&r, RIG_MIX_NORM));
-    REFUSED(rig_residual(&r, RIG_MIX_NORM, &ra, &err), err, "residual (block_attnres)",
+    REFUSED(rig_residual(&r, RIG_MIX_NORM, &ra, &err), err, "residual (standard)",
             "has no mix_norm()");
     rig_destroy(&r);
     k3rt_stream_destroy(s);

@@ -3,8 +3,16 @@
 //   backward dx(n,in)  = dy W            (overwrite or accumulate, model dtype)
 //            dW(out,in) += dy^T x        (F32 under bf16: C/D in fp32, beta = 1)
 //            db(out)    += column sums of dy (colsum.cu, deterministic)
-// The grouped forms run one product per non-empty group (offsets are on the host).
+// The grouped forms run CUTLASS's sm90 grouped GEMM where it applies (cutlass/grouped.h: bf16,
+// in and out multiples of 8, sm_90) and otherwise, as the f32 path, one cuBLASLt product per
+// non-empty group from host offsets.
+#include <stdlib.h>
+
+#include "ops/cuda/cutlass/grouped.h"
 #include "ops/cuda/internal.cuh"
+extern "C" {
+#include "ops/dispatch.h"
+}
 
 namespace {
 
@@ -92,15 +100,11 @@ static int check_offsets(const char *op, const int64_t *offsets, int64_t groups,
     return K3RT_OK;
 }
 
-extern "C" int cuda_grouped_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void *w,
-                                       void *y, const int64_t *offsets, int64_t groups,
-                                       int64_t in, int64_t out, k3rt_error *err)
+// The one-product-per-group loop, from host offsets.
+static int grouped_fwd_loop(cuda_stream_ctx *ctx, int dtype, const void *x, const void *w,
+                            void *y, const int64_t *offsets, int64_t groups, int64_t in,
+                            int64_t out, k3rt_error *err)
 {
-    K3RT_TRY(check_dtype("grouped_linear_fwd", dtype, err));
-    K3RT_TRY(check_sizes("grouped_linear_fwd", 0, in, out, err));
-    K3RT_TRY(check_offsets("grouped_linear_fwd", offsets, groups, err));
-    cuda_stream_ctx *ctx;
-    K3RT_TRY(cu_enter(s, &ctx, err));
     size_t es = k3rt_dtype_size(dtype);
     for (int64_t g = 0; g < groups; g++) {
         int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
@@ -113,16 +117,11 @@ extern "C" int cuda_grouped_linear_fwd(k3rt_stream *s, int dtype, const void *x,
     return K3RT_OK;
 }
 
-extern "C" int cuda_grouped_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void *w,
-                                       const void *dy, void *dx, void *dw,
-                                       const int64_t *offsets, int64_t groups, int64_t in,
-                                       int64_t out, int accumulate_dx, k3rt_error *err)
+static int grouped_bwd_loop(cuda_stream_ctx *ctx, int dtype, const void *x, const void *w,
+                            const void *dy, void *dx, void *dw, const int64_t *offsets,
+                            int64_t groups, int64_t in, int64_t out, int accumulate_dx,
+                            k3rt_error *err)
 {
-    K3RT_TRY(check_dtype("grouped_linear_bwd", dtype, err));
-    K3RT_TRY(check_sizes("grouped_linear_bwd", 0, in, out, err));
-    K3RT_TRY(check_offsets("grouped_linear_bwd", offsets, groups, err));
-    cuda_stream_ctx *ctx;
-    K3RT_TRY(cu_enter(s, &ctx, err));
     size_t es = k3rt_dtype_size(dtype);
     for (int64_t g = 0; g < groups; g++) {
         int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
@@ -138,4 +137,169 @@ extern "C" int cuda_grouped_linear_bwd(k3rt_stream *s, int dtype, const void *x,
                                 err));
     }
     return K3RT_OK;
+}
+
+// Whether the CUTLASS kernels take the call (never in a build without CUTLASS).
+static bool use_cutlass(const cuda_stream_ctx *ctx, int dtype, int64_t groups, int64_t rows,
+                        int64_t in, int64_t out)
+{
+#ifdef K3RT_HAVE_CUTLASS
+    return rows < INT32_MAX && gg_supported(ctx, dtype, groups, in, out);
+#else
+    (void)ctx, (void)dtype, (void)groups, (void)rows, (void)in, (void)out;
+    return false;
+#endif
+}
+
+// The CUTLASS products of one call: forward, or dx and dW.
+static int grouped_cutlass(cuda_stream_ctx *ctx, gg_call c, void *y, void *dx, void *dw,
+                           k3rt_error *err)
+{
+#ifdef K3RT_HAVE_CUTLASS
+    if (y) {
+        c.kind = GG_FWD, c.out = y;
+        K3RT_TRY(gg_run(ctx, c, err));
+    }
+    if (dx) {
+        c.kind = GG_DX, c.out = dx;
+        K3RT_TRY(gg_run(ctx, c, err));
+    }
+    if (dw && c.rows > 0) {
+        c.kind = GG_DW, c.out = dw;
+        K3RT_TRY(gg_run(ctx, c, err));
+    }
+    return K3RT_OK;
+#else
+    (void)ctx, (void)c, (void)y, (void)dx, (void)dw;
+    return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "grouped linear: built without CUTLASS");
+#endif
+}
+
+// Host offsets into the launch's own copy (the CUTLASS path reads no host memory later).
+static gg_host_offsets *narrow_offsets(const int64_t *offsets, int64_t groups,
+                                       gg_host_offsets *h)
+{
+    for (int64_t g = 0; g <= groups; g++)
+        h->v[g] = (int32_t)offsets[g];
+    return h;
+}
+
+static int grouped_enter(const char *op, int dtype, const int64_t *offsets, int64_t groups,
+                         int64_t in, int64_t out, k3rt_stream *s, cuda_stream_ctx **ctx,
+                         k3rt_error *err)
+{
+    K3RT_TRY(check_dtype(op, dtype, err));
+    K3RT_TRY(check_sizes(op, 0, in, out, err));
+    if (offsets)
+        K3RT_TRY(check_offsets(op, offsets, groups, err));
+    return cu_enter(s, ctx, err);
+}
+
+extern "C" int cuda_grouped_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void *w,
+                                       void *y, const int64_t *offsets, int64_t groups,
+                                       int64_t in, int64_t out, k3rt_error *err)
+{
+    cuda_stream_ctx *ctx;
+    K3RT_TRY(grouped_enter("grouped_linear_fwd", dtype, offsets, groups, in, out, s, &ctx, err));
+    int64_t rows = offsets[groups];
+    if (!use_cutlass(ctx, dtype, groups, rows, in, out))
+        return grouped_fwd_loop(ctx, dtype, x, w, y, offsets, groups, in, out, err);
+    gg_host_offsets h;
+    gg_call c = {GG_FWD, x, w, nullptr, nullptr, 0, nullptr, 0,
+                 narrow_offsets(offsets, groups, &h), groups, rows, in, out};
+    return grouped_cutlass(ctx, c, y, nullptr, nullptr, err);
+}
+
+extern "C" int cuda_grouped_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void *w,
+                                       const void *dy, void *dx, void *dw,
+                                       const int64_t *offsets, int64_t groups, int64_t in,
+                                       int64_t out, int accumulate_dx, k3rt_error *err)
+{
+    cuda_stream_ctx *ctx;
+    K3RT_TRY(grouped_enter("grouped_linear_bwd", dtype, offsets, groups, in, out, s, &ctx, err));
+    int64_t rows = offsets[groups];
+    if (!use_cutlass(ctx, dtype, groups, rows, in, out))
+        return grouped_bwd_loop(ctx, dtype, x, w, dy, dx, dw, offsets, groups, in, out,
+                                accumulate_dx, err);
+    gg_host_offsets h;
+    gg_call c = {GG_DX, x, w, dy, nullptr, accumulate_dx, nullptr, 0,
+                 narrow_offsets(offsets, groups, &h), groups, rows, in, out};
+    return grouped_cutlass(ctx, c, nullptr, dx, dw, err);
+}
+
+// Device offsets for the loop: copied to the host, which waits for the stream.
+static int offsets_to_host(cuda_stream_ctx *ctx, const char *op, const void *offsets, int dtype,
+                           int64_t groups, int64_t rows, int64_t **out, k3rt_error *err)
+{
+    if (groups < 0 || !offsets || (dtype != K3RT_I32 && dtype != K3RT_I64))
+        return ops_widen_offsets(op, offsets, dtype, groups, rows, out, err);  // the refusal
+    size_t bytes = (size_t)(groups + 1) * k3rt_dtype_size(dtype);
+    void *h = malloc(bytes);
+    if (!h)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "%s: no memory for %lld offsets", op,
+                         (long long)groups + 1);
+    cudaStream_t st = (cudaStream_t)ctx->stream;
+    cudaError_t e = cudaMemcpyAsync(h, offsets, bytes, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(st);
+    int rc = e == cudaSuccess ? ops_widen_offsets(op, h, dtype, groups, rows, out, err)
+                              : cu_fail(err, e, "copy of the group offsets to the host");
+    free(h);
+    return rc;
+}
+
+static int check_dev_offsets(const char *op, const void *offsets, int dtype, int64_t groups,
+                             int64_t rows, k3rt_error *err)
+{
+    if (groups < 0 || rows < 0 || !offsets || (dtype != K3RT_I32 && dtype != K3RT_I64))
+        return k3rt_fail(err, K3RT_ERR_INVALID,
+                         "%s: %lld groups over %lld rows, offsets %s of dtype %s (i32 or i64 "
+                         "please)",
+                         op, (long long)groups, (long long)rows, offsets ? "given" : "missing",
+                         k3rt_dtype_name(dtype));
+    return K3RT_OK;
+}
+
+extern "C" int cuda_grouped_linear_fwd_dev(k3rt_stream *s, int dtype, const void *x,
+                                           const void *w, void *y, const void *offsets,
+                                           int offsets_dtype, int64_t groups, int64_t rows,
+                                           int64_t in, int64_t out, k3rt_error *err)
+{
+    const char *op = "grouped_linear_fwd_dev";
+    cuda_stream_ctx *ctx;
+    K3RT_TRY(check_dev_offsets(op, offsets, offsets_dtype, groups, rows, err));
+    K3RT_TRY(grouped_enter(op, dtype, nullptr, groups, in, out, s, &ctx, err));
+    if (use_cutlass(ctx, dtype, groups, rows, in, out)) {
+        gg_call c = {GG_FWD, x, w, nullptr, nullptr, 0, offsets, offsets_dtype == K3RT_I64,
+                     nullptr, groups, rows, in, out};
+        return grouped_cutlass(ctx, c, y, nullptr, nullptr, err);
+    }
+    int64_t *off;
+    K3RT_TRY(offsets_to_host(ctx, op, offsets, offsets_dtype, groups, rows, &off, err));
+    int rc = cuda_grouped_linear_fwd(s, dtype, x, w, y, off, groups, in, out, err);
+    free(off);
+    return rc;
+}
+
+extern "C" int cuda_grouped_linear_bwd_dev(k3rt_stream *s, int dtype, const void *x,
+                                           const void *w, const void *dy, void *dx, void *dw,
+                                           const void *offsets, int offsets_dtype,
+                                           int64_t groups, int64_t rows, int64_t in,
+                                           int64_t out, int accumulate_dx, k3rt_error *err)
+{
+    const char *op = "grouped_linear_bwd_dev";
+    cuda_stream_ctx *ctx;
+    K3RT_TRY(check_dev_offsets(op, offsets, offsets_dtype, groups, rows, err));
+    K3RT_TRY(grouped_enter(op, dtype, nullptr, groups, in, out, s, &ctx, err));
+    if (use_cutlass(ctx, dtype, groups, rows, in, out)) {
+        gg_call c = {GG_DX, x, w, dy, nullptr, accumulate_dx, offsets,
+                     offsets_dtype == K3RT_I64, nullptr, groups, rows, in, out};
+        return grouped_cutlass(ctx, c, nullptr, dx, dw, err);
+    }
+    int64_t *off;
+    K3RT_TRY(offsets_to_host(ctx, op, offsets, offsets_dtype, groups, rows, &off, err));
+    int rc = cuda_grouped_linear_bwd(s, dtype, x, w, dy, dx, dw, off, groups, in, out,
+                                     accumulate_dx, err);
+    free(off);
+    return rc;
 }

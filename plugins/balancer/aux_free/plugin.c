@@ -3,11 +3,16 @@
  * After every optimizer step, with c_i the tokens routed to expert i over the step's global
  * batch (summed across data-parallel ranks) and c_mean = sum_i c_i / E:
  *   b_i <- b_i + gamma * sign(c_mean - c_i)
- * The bias only enters the selection and is installed for the next step. */
+ * The bias only enters the selection and is installed for the next step. On CUDA the bias and
+ * the counts live on the device and the kernels of bal_cuda.h accumulate and update them. */
 #include <stdlib.h>
 #include <string.h>
 
 #include <k3rt/k3rt.h>
+
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+#include "bal_cuda.h"
+#endif
 
 static const k3rt_option options[] = {
     {"gamma", K3RT_OPT_FLOAT, 0, "0.001", 0, 1e3, NULL,
@@ -15,7 +20,8 @@ static const k3rt_option options[] = {
 };
 
 typedef struct aux_free {
-    int E;
+    int E, device;
+    k3rt_stream *stream;  /* the run's compute stream (create): where reset_stats zeroes */
     double gamma;
     float *bias;      /* [E] state */
     int64_t *counts;  /* [E] tokens per expert since the last update */
@@ -26,8 +32,8 @@ static void af_destroy(void *self)
     aux_free *b = self;
     if (!b)
         return;
-    free(b->bias);
-    free(b->counts);
+    k3rt_free(b->device, b->bias);
+    k3rt_free(b->device, b->counts);
     free(b);
 }
 
@@ -37,12 +43,30 @@ static int af_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     if (!b)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "aux_free: out of memory");
     b->E = a->n_experts;
+    b->device = a->device;
+    b->stream = a->stream;
     b->gamma = k3rt_cfg_float(a->config, "gamma");
-    b->bias = calloc((size_t)b->E, sizeof *b->bias);
-    b->counts = calloc((size_t)b->E, sizeof *b->counts);
-    if (!b->bias || !b->counts) {
+    size_t bb = (size_t)b->E * sizeof *b->bias, cb = (size_t)b->E * sizeof *b->counts;
+    b->bias = k3rt_alloc(b->device, bb, err);
+    b->counts = b->bias ? k3rt_alloc(b->device, cb, err) : NULL;
+    int rc = b->counts ? K3RT_OK : err->code ? err->code : K3RT_ERR_NOMEM;
+    if (!rc && b->device == K3RT_DEVICE_CPU) {
+        memset(b->bias, 0, bb);
+        memset(b->counts, 0, cb);
+    }
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (!rc && b->device != K3RT_DEVICE_CPU) {
+        void *st = k3rt_stream_native(b->stream);
+        rc = bal_cu_enter(b->device, err);
+        if (!rc)
+            rc = bal_cu_zero(st, b->bias, bb, err);
+        if (!rc)
+            rc = bal_cu_zero(st, b->counts, cb, err);
+    }
+#endif
+    if (rc) {
         af_destroy(b);
-        return k3rt_fail(err, K3RT_ERR_NOMEM, "aux_free: out of memory");
+        return rc;
     }
     *self = b;
     return K3RT_OK;
@@ -62,7 +86,7 @@ static int af_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 static int af_state(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
 {
     aux_free *b = self;
-    k3rt_tensor t = k3rt_tensor_view(b->bias, K3RT_F32, K3RT_DEVICE_CPU, 1, b->E, 0, 0, 0);
+    k3rt_tensor t = k3rt_tensor_view(b->bias, K3RT_F32, b->device, 1, b->E, 0, 0, 0);
     return k3rt_tensor_sink_add(sink, "bias", t, K3RT_STAT_LOCAL, err);
 }
 
@@ -70,7 +94,7 @@ static int af_bias(void *self, k3rt_tensor *out, k3rt_error *err)
 {
     (void)err;
     aux_free *b = self;
-    *out = k3rt_tensor_view(b->bias, K3RT_F32, K3RT_DEVICE_CPU, 1, b->E, 0, 0, 0);
+    *out = k3rt_tensor_view(b->bias, K3RT_F32, b->device, 1, b->E, 0, 0, 0);
     return K3RT_OK;
 }
 
@@ -78,14 +102,28 @@ static int af_bias(void *self, k3rt_tensor *out, k3rt_error *err)
 static void af_reset(void *self)
 {
     aux_free *b = self;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (b->device != K3RT_DEVICE_CPU) {
+        k3rt_error err = {0};
+        bal_cu_zero(k3rt_stream_native(b->stream), b->counts,
+                    (size_t)b->E * sizeof *b->counts, &err);
+        return;
+    }
+#endif
     memset(b->counts, 0, (size_t)b->E * sizeof *b->counts);
 }
 
 static int af_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err)
 {
+    aux_free *b = self;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (b->device != K3RT_DEVICE_CPU) {
+        K3RT_TRY(bal_cu_enter(b->device, err));
+        return af_cu_accumulate(k3rt_stream_native(s), r->counts.data, b->E, b->counts, err);
+    }
+#endif
     (void)s;
     (void)err;
-    aux_free *b = self;
     const int64_t *c = r->counts.data;
     for (int e = 0; e < b->E; e++)
         b->counts[e] += c[e];
@@ -99,6 +137,13 @@ static int af_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3
     if (k3rt_comm_size(dp) > 1)
         K3RT_TRY(k3rt_all_reduce(dp, s, b->counts, b->counts, b->E, K3RT_I64, K3RT_REDUCE_SUM,
                                  err));
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (b->device != K3RT_DEVICE_CPU) {
+        K3RT_TRY(bal_cu_enter(b->device, err));
+        K3RT_TRY(af_cu_update(k3rt_stream_native(s), b->counts, b->E, b->gamma, b->bias, err));
+        return k3rt_memset(s, b->counts, b->device, 0, (size_t)b->E * sizeof *b->counts, err);
+    }
+#endif
     int64_t total = 0;
     for (int e = 0; e < b->E; e++)
         total += b->counts[e];
@@ -139,7 +184,11 @@ static const k3rt_plugin_descriptor descriptor = {
     .version = "1.0.0",
     .description = "DeepSeek-V3 auxiliary-loss-free balancing: bias += gamma * sign(mean load "
                    "- load) after every step",
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#else
     .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#endif
     .options = options,
     .n_options = sizeof options / sizeof options[0],
     .option_size = sizeof(k3rt_option),

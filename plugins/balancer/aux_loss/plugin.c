@@ -6,11 +6,18 @@
  *   P_i = (1/T) sum_t s_it / S_t,   S_t = sum_j s_jt
  *   L   = alpha * sum_i f_i P_i ;   the micro-batch's loss is the mean of L over sequences
  * and, with F_t = sum_i f_i s_it / S_t,
- *   dL/ds_jt = alpha / (T S_t) * (f_j - F_t)         (reaches all E scores of every token) */
+ *   dL/ds_jt = alpha / (T S_t) * (f_j - F_t)         (reaches all E scores of every token)
+ *
+ * On CUDA the loads, the gradient and the loss are computed on the device (bal_cuda.h); the
+ * ABI hands the loss back as a host double, so each call waits for that one number. */
 #include <stdlib.h>
 #include <string.h>
 
 #include <k3rt/k3rt.h>
+
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+#include "bal_cuda.h"
+#endif
 
 static const k3rt_option options[] = {
     {"alpha", K3RT_OPT_FLOAT, 0, "0.0001", 0, 1e3, NULL,
@@ -18,10 +25,12 @@ static const k3rt_option options[] = {
 };
 
 typedef struct aux_loss {
-    int E, k;
+    int E, k, device;
     double alpha;
     float *bias;   /* [E] zeros: this balancer never biases the selection */
-    double *f;     /* [E] scratch */
+    double *f;     /* [E] scratch (CPU) */
+    void *scratch; /* CUDA: loads and per-token sums of al_cu_loss, then the loss (doubles) */
+    int64_t scratch_bytes;
 } aux_loss;
 
 static void al_destroy(void *self)
@@ -29,7 +38,8 @@ static void al_destroy(void *self)
     aux_loss *b = self;
     if (!b)
         return;
-    free(b->bias);
+    k3rt_free(b->device, b->bias);
+    k3rt_free(b->device, b->scratch);
     free(b->f);
     free(b);
 }
@@ -42,11 +52,23 @@ static int al_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     b->E = a->n_experts;
     b->k = a->top_k;
     b->alpha = k3rt_cfg_float(a->config, "alpha");
-    b->bias = calloc((size_t)b->E, sizeof *b->bias);
+    b->device = a->device;
+    size_t bb = (size_t)b->E * sizeof *b->bias;
+    b->bias = k3rt_alloc(b->device, bb, err);
     b->f = calloc((size_t)b->E, sizeof *b->f);
-    if (!b->bias || !b->f) {
+    int rc = b->bias && b->f ? K3RT_OK : k3rt_fail(err, K3RT_ERR_NOMEM, "aux_loss: out of memory");
+    if (!rc && b->device == K3RT_DEVICE_CPU)
+        memset(b->bias, 0, bb);
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (!rc && b->device != K3RT_DEVICE_CPU) {
+        rc = bal_cu_enter(b->device, err);
+        if (!rc)
+            rc = bal_cu_zero(k3rt_stream_native(a->stream), b->bias, bb, err);
+    }
+#endif
+    if (rc) {
         al_destroy(b);
-        return k3rt_fail(err, K3RT_ERR_NOMEM, "aux_loss: out of memory");
+        return rc;
     }
     *self = b;
     return K3RT_OK;
@@ -56,15 +78,41 @@ static int al_bias(void *self, k3rt_tensor *out, k3rt_error *err)
 {
     (void)err;
     aux_loss *b = self;
-    *out = k3rt_tensor_view(b->bias, K3RT_F32, K3RT_DEVICE_CPU, 1, b->E, 0, 0, 0);
+    *out = k3rt_tensor_view(b->bias, K3RT_F32, b->device, 1, b->E, 0, 0, 0);
     return K3RT_OK;
 }
+
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+static int al_loss_gpu(aux_loss *b, k3rt_stream *st, const k3rt_routing *r, double scale,
+                       double *loss, k3rt_tensor d_scores, k3rt_error *err)
+{
+    int64_t need = al_cu_scratch(r->batch, r->seq, b->E) + (int64_t)sizeof(double);
+    K3RT_TRY(bal_cu_enter(b->device, err));
+    if (need > b->scratch_bytes) {
+        k3rt_free(b->device, b->scratch); /* earlier work on it is ordered before the next */
+        b->scratch_bytes = 0;
+        if (!(b->scratch = k3rt_alloc(b->device, (size_t)need, err)))
+            return err->code ? err->code : K3RT_ERR_NOMEM;
+        b->scratch_bytes = need;
+    }
+    double *loss_dev = (double *)((char *)b->scratch + need - (int64_t)sizeof(double));
+    K3RT_TRY(al_cu_loss(k3rt_stream_native(st), r->scores.data, r->selected.data, r->batch,
+                        r->seq, b->E, b->k, b->alpha, scale, b->scratch, d_scores.data,
+                        loss_dev, err));
+    K3RT_TRY(k3rt_memcpy(st, loss, K3RT_DEVICE_CPU, loss_dev, b->device, sizeof *loss, err));
+    return k3rt_stream_sync(st, err);
+}
+#endif
 
 static int al_loss(void *self, k3rt_stream *st, const k3rt_routing *r, double scale,
                    double *loss, k3rt_tensor d_scores, k3rt_error *err)
 {
-    (void)st, (void)err;
     aux_loss *b = self;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (b->device != K3RT_DEVICE_CPU)
+        return al_loss_gpu(b, st, r, scale, loss, d_scores, err);
+#endif
+    (void)st, (void)err;
     const float *s = r->scores.data;
     const int32_t *sel = r->selected.data;
     float *ds = d_scores.data;
@@ -129,7 +177,11 @@ static const k3rt_plugin_descriptor descriptor = {
     .kind = K3RT_KIND_BALANCER,
     .version = "1.0.0",
     .description = "DeepSeek-V3 sequence-wise auxiliary balance loss with weight alpha",
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#else
     .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#endif
     .options = options,
     .n_options = sizeof options / sizeof options[0],
     .option_size = sizeof(k3rt_option),

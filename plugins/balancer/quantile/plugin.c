@@ -18,6 +18,10 @@ static void qb_destroy(void *self)
     qb *q = self;
     if (!q)
         return;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (q->device != K3RT_DEVICE_CPU)
+        qb_gpu_free(q);
+#endif
     free(q->bias);
     free(q->hist);
     free(q->r);
@@ -35,10 +39,22 @@ static int qb_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     if (!q)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "quantile: out of memory");
     q->device = a->device;
+    q->stream = a->stream;
     q->E = a->n_experts;
     q->k = a->top_k;
     q->mode = strcmp(k3rt_cfg_string(a->config, "mode"), "exact") ? QB_HISTOGRAM : QB_EXACT;
     q->bins = k3rt_cfg_int(a->config, "bins");
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (q->device != K3RT_DEVICE_CPU) {
+        int rc = qb_gpu_alloc(q, err);
+        if (rc) {
+            qb_destroy(q);
+            return rc;
+        }
+        *self = q;
+        return K3RT_OK;
+    }
+#endif
     q->bias = calloc((size_t)q->E, sizeof *q->bias);
     q->top = calloc((size_t)q->k + 1, sizeof *q->top);
     if (q->mode == QB_HISTOGRAM)
@@ -67,7 +83,7 @@ static int qb_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 static int qb_state(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
 {
     qb *q = self;
-    k3rt_tensor t = k3rt_tensor_view(q->bias, K3RT_F32, K3RT_DEVICE_CPU, 1, q->E, 0, 0, 0);
+    k3rt_tensor t = k3rt_tensor_view(q->bias, K3RT_F32, q->device, 1, q->E, 0, 0, 0);
     return k3rt_tensor_sink_add(sink, "bias", t, K3RT_STAT_LOCAL, err);
 }
 
@@ -77,6 +93,12 @@ static void qb_reset(void *self)
 {
     qb *q = self;
     q->ntok = 0;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (q->device != K3RT_DEVICE_CPU) {
+        qb_gpu_reset(q);
+        return;
+    }
+#endif
     if (q->hist)
         memset(q->hist, 0, (size_t)(q->E * q->bins) * sizeof *q->hist);
 }
@@ -85,7 +107,7 @@ static int qb_bias(void *self, k3rt_tensor *out, k3rt_error *err)
 {
     (void)err;
     qb *q = self;
-    *out = k3rt_tensor_view(q->bias, K3RT_F32, K3RT_DEVICE_CPU, 1, q->E, 0, 0, 0);
+    *out = k3rt_tensor_view(q->bias, K3RT_F32, q->device, 1, q->E, 0, 0, 0);
     return K3RT_OK;
 }
 
@@ -114,7 +136,11 @@ static const k3rt_plugin_descriptor descriptor = {
     .version = "1.0.0",
     .description = "Quantile Balancing (K3): per-expert bias from quantiles of the required "
                    "biases over the global batch, applied from the next step",
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#else
     .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#endif
     .options = options,
     .n_options = sizeof options / sizeof options[0],
     .option_size = sizeof(k3rt_option),

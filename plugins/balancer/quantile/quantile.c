@@ -65,8 +65,12 @@ static int grow_rows(qb *q, int64_t rows, k3rt_error *err)
 
 int qb_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err)
 {
-    (void)s;
     qb *q = self;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (q->device != K3RT_DEVICE_CPU)
+        return qb_gpu_observe(q, s, r, err);
+#endif
+    (void)s;
     int64_t N = r->batch * r->seq;
     const float *sc = r->scores.data;
     double lo, w;
@@ -179,6 +183,10 @@ int qb_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_erro
 {
     (void)step;
     qb *q = self;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (q->device != K3RT_DEVICE_CPU)
+        return qb_gpu_update(q, s, dp, err);
+#endif
     double *bhat = calloc((size_t)q->E, sizeof *bhat);
     if (!bhat)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "quantile: out of memory");

@@ -9,6 +9,7 @@ enum { QB_EXACT = 0, QB_HISTOGRAM = 1 };
 
 typedef struct qb {
     int device;
+    k3rt_stream *stream;  /* the run's compute stream (create): where reset_stats zeroes */
     int E, k;             /* experts of the MoE layer, experts per token (k < E) */
     int mode;             /* QB_EXACT or QB_HISTOGRAM */
     int64_t bins;
@@ -19,11 +20,22 @@ typedef struct qb {
     double *r;            /* [ntok, E] required biases, exact mode */
     int64_t r_cap;        /* rows r can hold */
     double *top;          /* [k + 1] scratch of observe() */
+    /* On CUDA bias, hist and r are device memory (hist as unsigned 64-bit counts) and work
+     * holds the window (lo, w) and b_hat [E] (doubles). */
+    double *work;
 } qb;
 
 /* The window [lo, lo + bins * w) holding every required bias under the current bias. */
 void qb_window(const qb *q, double *lo, double *w);
 int qb_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err);
 int qb_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err);
+
+/* The same on CUDA (quantile_cuda.c, built with K3RT_PLUGIN_HAVE_CUDA): the state allocated
+ * and freed on the device, the statistics and the update by the kernels of bal_cuda.h. */
+int qb_gpu_alloc(qb *q, k3rt_error *err);
+void qb_gpu_free(qb *q);
+void qb_gpu_reset(qb *q);
+int qb_gpu_observe(qb *q, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err);
+int qb_gpu_update(qb *q, k3rt_stream *s, k3rt_comm *dp, k3rt_error *err);
 
 #endif

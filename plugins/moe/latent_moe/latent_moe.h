@@ -22,7 +22,9 @@ enum {
 };
 
 typedef struct latent_moe {
-    int dtype;            /* K3RT_F32 or K3RT_F64 */
+    int dtype;            /* K3RT_F32 or K3RT_F64 on the CPU; K3RT_F32 or K3RT_BF16 on CUDA */
+    int device;           /* K3RT_DEVICE_CPU or a CUDA device */
+    int64_t *host_offsets; /* [E + 1] CUDA: the expert offsets read back for the grouped ops */
     int64_t d;            /* d_model */
     int64_t E, k;         /* routed experts, experts per token */
     int64_t l;            /* latent width */
@@ -110,5 +112,22 @@ extern const lm_kernels lm_kernels_f32, lm_kernels_f64;
 
 int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err);
 int lm_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err);
+
+/* What follows the combine, written once over core ops for every device and dtype (moe.c):
+ * the latent norm, W-up and the shared experts, and their backward (which initialises a->dx;
+ * dU may alias dn without the latent norm). */
+int lm_out_forward(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
+                   void *nrm, void *rstd, void *sg, void *su, void *sa, k3rt_error *err);
+int lm_out_backward(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a, const void *U,
+                    const void *nrm, const void *rstd, const void *sg, const void *su,
+                    const void *sa, void *dsa, void *dsg, void *dsu, void *dn, void *dU,
+                    k3rt_error *err);
+
+/* The layer on CUDA (cuda.c, built with K3RT_PLUGIN_HAVE_CUDA): its own layout of the saved and
+ * workspace buffers, f32 or bf16. lm_gpu_check refuses what the CUDA kernels cannot take. */
+int lm_gpu_check(const latent_moe *f, k3rt_error *err);
+void lm_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out);
+int lm_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err);
+int lm_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err);
 
 #endif

@@ -60,8 +60,67 @@ static void take_bias(const latent_moe *f, const k3rt_tensor *bias, float *dst)
         memcpy(dst, bias->data, (size_t)f->E * sizeof(float));
 }
 
+/* After the combine, the same on every device and dtype (core ops only): n = RMSNorm(U) (or U),
+ * y = n Wup^T + glu(x Wsg^T, x Wsu^T) Wsd^T. nrm, rstd unused without the latent norm; sg, su,
+ * sa without shared experts. */
+int lm_out_forward(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
+                   void *nrm, void *rstd, void *sg, void *su, void *sa, k3rt_error *err)
+{
+    int dt = f->dtype;
+    int64_t N = a->batch * a->seq, d = f->d, l = f->l;
+    const void *x = a->x.data, *n = U;
+    void *y = a->y.data;
+    if (f->latent_norm) {
+        n = nrm;
+        K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, U, P(LM_NORM), nrm, rstd, N, l, f->norm_eps, err));
+    }
+    K3RT_TRY(k3rt_linear_fwd(st, dt, n, P(LM_UP), NULL, y, N, l, d, err));
+    if (f->Hs == 0)
+        return K3RT_OK;
+    /* shared experts at full width: y += glu(x Wsg^T, x Wsu^T) Wsd^T */
+    K3RT_TRY(k3rt_linear_fwd(st, dt, x, P(LM_SH_GATE), NULL, sg, N, d, f->Hs, err));
+    K3RT_TRY(k3rt_linear_fwd(st, dt, x, P(LM_SH_UP), NULL, su, N, d, f->Hs, err));
+    K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, sg, su, sa, N * f->Hs, f->beta1, f->beta2, err));
+    return k3rt_gemm(st, dt, 0, 1, N, d, f->Hs, 1.0, sa, f->Hs, P(LM_SH_DOWN), f->Hs, 1.0, y, d,
+                     err);
+}
+
+/* Its backward, shared experts first (their input gradient initialises a->dx, which the routed
+ * path then accumulates into): dU receives the gradient of the combined output (dn when there
+ * is no latent norm, so dU may alias dn). */
+int lm_out_backward(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a, const void *U,
+                    const void *nrm, const void *rstd, const void *sg, const void *su,
+                    const void *sa, void *dsa, void *dsg, void *dsu, void *dn, void *dU,
+                    k3rt_error *err)
+{
+    int dt = f->dtype;
+    int64_t N = a->batch * a->seq, d = f->d, l = f->l;
+    const void *x = a->x.data, *dy = a->dy.data;
+    void *dx = a->dx.data;
+    if (f->Hs > 0) {
+        K3RT_TRY(k3rt_linear_bwd(st, dt, sa, P(LM_SH_DOWN), dy, dsa, G(LM_SH_DOWN), NULL, N,
+                                 f->Hs, d, 0, err));
+        K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sg, su, dsa, dsg, dsu, N * f->Hs, f->beta1,
+                              f->beta2, err));
+        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_SH_GATE), dsg, dx, G(LM_SH_GATE), NULL, N, d,
+                                 f->Hs, 0, err));
+        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_SH_UP), dsu, dx, G(LM_SH_UP), NULL, N, d,
+                                 f->Hs, 1, err));
+    }
+    /* up-projection and latent norm */
+    const void *n = f->latent_norm ? nrm : U;
+    K3RT_TRY(k3rt_linear_bwd(st, dt, n, P(LM_UP), dy, dn, G(LM_UP), NULL, N, l, d, 0, err));
+    if (f->latent_norm)
+        K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, U, P(LM_NORM), rstd, dn, dU, G(LM_NORM), N, l, 0, err));
+    return K3RT_OK;
+}
+
 int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 {
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (((const latent_moe *)self)->device != K3RT_DEVICE_CPU)
+        return lm_gpu_forward(self, a, err);
+#endif
     const latent_moe *f = self;
     int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * f->k, l = f->l, m = f->m;
     int64_t d = f->d;
@@ -96,23 +155,8 @@ int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
     K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, g, u, act, R * m, f->beta1, f->beta2, err));
     K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, act, P(LM_EX_DOWN), ye, offsets, E, m, l, err));
     K->combine(st, ye, pos, p, N, k, l, U);
-    void *n = U;
-    if (f->latent_norm) {
-        n = sv + L.nrm;
-        K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, U, P(LM_NORM), n, sv + L.rstd, N, l, f->norm_eps,
-                                  err));
-    }
-    K3RT_TRY(k3rt_linear_fwd(st, dt, n, P(LM_UP), NULL, a->y.data, N, l, d, err));
-
-    /* shared experts at full width: y += glu(x Wsg^T, x Wsu^T) Wsd^T */
-    if (f->Hs > 0) {
-        void *sg = sv + L.sg, *su = sv + L.su, *sa = sv + L.sa;
-        K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_SH_GATE), NULL, sg, N, d, f->Hs, err));
-        K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_SH_UP), NULL, su, N, d, f->Hs, err));
-        K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, sg, su, sa, N * f->Hs, f->beta1, f->beta2, err));
-        K3RT_TRY(k3rt_gemm(st, dt, 0, 1, N, d, f->Hs, 1.0, sa, f->Hs, P(LM_SH_DOWN), f->Hs, 1.0,
-                           a->y.data, d, err));
-    }
+    K3RT_TRY(lm_out_forward(f, st, a, U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su, sv + L.sa,
+                            err));
 
     if (a->routing) {
         k3rt_routing *r = a->routing;
@@ -137,6 +181,10 @@ int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
  *   dz = s (1 - s) (gate backward of dp + d_scores) ; dWr += dz^T x ; dx += dz Wr */
 int lm_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
 {
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (((const latent_moe *)self)->device != K3RT_DEVICE_CPU)
+        return lm_gpu_backward(self, a, err);
+#endif
     const latent_moe *f = self;
     int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * f->k, l = f->l, m = f->m;
     int64_t d = f->d;
@@ -150,30 +198,14 @@ int lm_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
     const lm_kernels *K = kernels(f);
     const int32_t *sel = (const int32_t *)(sv + L.sel), *pos = (const int32_t *)(sv + L.pos);
     const int64_t *offsets = (const int64_t *)(sv + L.offsets);
-    const void *x = a->x.data, *dy = a->dy.data;
+    const void *x = a->x.data;
     void *dx = a->dx.data;
 
-    /* shared experts first: their input gradient initialises dx */
-    if (f->Hs > 0) {
-        void *dsa = ws + L.b_dsa, *dsg = ws + L.b_dsg, *dsu = ws + L.b_dsu;
-        K3RT_TRY(k3rt_linear_bwd(st, dt, sv + L.sa, P(LM_SH_DOWN), dy, dsa, G(LM_SH_DOWN), NULL,
-                                 N, f->Hs, d, 0, err));
-        K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.sg, sv + L.su, dsa, dsg, dsu, N * f->Hs,
-                              f->beta1, f->beta2, err));
-        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_SH_GATE), dsg, dx, G(LM_SH_GATE), NULL, N, d,
-                                 f->Hs, 0, err));
-        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_SH_UP), dsu, dx, G(LM_SH_UP), NULL, N, d,
-                                 f->Hs, 1, err));
-    }
+    void *dU = ws + L.b_dU;
+    K3RT_TRY(lm_out_backward(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su,
+                             sv + L.sa, ws + L.b_dsa, ws + L.b_dsg, ws + L.b_dsu, ws + L.b_dn, dU,
+                             err));
     int acc = f->Hs > 0;
-
-    /* up-projection and latent norm */
-    void *dn = ws + L.b_dn, *dU = ws + L.b_dU;
-    const void *n = f->latent_norm ? sv + L.nrm : sv + L.U;
-    K3RT_TRY(k3rt_linear_bwd(st, dt, n, P(LM_UP), dy, dn, G(LM_UP), NULL, N, l, d, 0, err));
-    if (f->latent_norm)
-        K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, sv + L.U, P(LM_NORM), sv + L.rstd, dn, dU, G(LM_NORM),
-                                  N, l, 0, err));
 
     /* combine, experts, dispatch */
     void *dp = ws + L.b_dp, *dye = ws + L.b_dye, *da = ws + L.b_da, *dg = ws + L.b_dg;

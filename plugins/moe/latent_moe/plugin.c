@@ -73,6 +73,7 @@ static int lm_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     if (!f)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "latent_moe: out of memory");
     f->dtype = a->dtype;
+    f->device = a->device;
     f->d = a->d_model;
     f->E = E, f->k = k;
     f->l = k3rt_cfg_int(cfg, "latent");
@@ -99,11 +100,29 @@ static int lm_create(const k3rt_create_args *a, void **self, k3rt_error *err)
         f->slot[i] = present ? n++ : -1;
     }
     f->n_params = n;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (f->device != K3RT_DEVICE_CPU) {
+        int rc = lm_gpu_check(f, err);
+        f->host_offsets = rc ? NULL : malloc((size_t)(E + 1) * sizeof(int64_t));
+        if (!rc && !f->host_offsets)
+            rc = k3rt_fail(err, K3RT_ERR_NOMEM, "latent_moe: out of memory");
+        if (rc) {
+            free(f);
+            return rc;
+        }
+    }
+#endif
     *self = f;
     return K3RT_OK;
 }
 
-static void lm_destroy(void *self) { free(self); }
+static void lm_destroy(void *self)
+{
+    latent_moe *f = self;
+    if (f)
+        free(f->host_offsets);
+    free(f);
+}
 
 /* With init_std everywhere (0.02) the routed path is four small matrices in a row and the
  * combined output U reaches the latent norm with mean square far below its eps, where the norm
@@ -195,6 +214,12 @@ static int lm_flops(void *self, int64_t batch, int64_t seq, k3rt_flops *out)
 
 static int lm_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 {
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (((const latent_moe *)self)->device != K3RT_DEVICE_CPU) {
+        lm_gpu_memory(self, batch * seq, out);
+        return K3RT_OK;
+    }
+#endif
     lm_layout L;
     lm_layout_make(self, batch * seq, &L);
     out->saved_bytes = L.saved;
@@ -236,7 +261,11 @@ static const k3rt_plugin_descriptor descriptor = {
     .version = "1.0.0",
     .description = "Stable LatentMoE (K3): sigmoid router, experts in a latent space with a "
                    "latent RMSNorm, shared experts; dropless",
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#else
     .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#endif
     .options = options,
     .n_options = sizeof options / sizeof options[0],
     .option_size = sizeof(k3rt_option),

@@ -25,7 +25,7 @@ int SUF(muon_block)(k3rt_stream *s, const muon_block_args *a, REAL *scratch, k3r
             mom[i] = beta * mom[i] + one_beta * g[i];
             u[r * C + c] = o->nesterov ? one_beta * g[i] + beta * mom[i] : mom[i];
         }
-    K3RT_TRY(SUF(muon_newton_schulz)(s, u, y, sq, p, R, C, o->ns_steps, err));
+    K3RT_TRY(SUF(muon_newton_schulz)(s, u, y, sq, p, R, C, o->ns_steps, o->ns_bf16, err));
     const REAL rate = (REAL)(a->lr * o->scale * sqrt((double)(R > C ? R : C)));
     const REAL keep = (REAL)(1.0 - (a->p->decayed ? a->lr * o->weight_decay : 0.0));
     for (int64_t r = 0; r < R; r++)

@@ -43,11 +43,14 @@ typedef struct muon_job {
     double cost;       /* FLOPs of its Newton-Schulz iterations */
 } muon_job;
 
+struct muon_gpu;
+
 typedef struct muon {
     int device;
     int dtype;                     /* of every parameter (f32, or f64 in tests) */
     double momentum;
     int nesterov, ns_steps, per_head, qk_clip;
+    int ns_bf16;                   /* Newton-Schulz in bf16 (ns_precision, "auto" resolved) */
     double scale, weight_decay, qk_tau;
     double beta1, beta2, eps, adamw_weight_decay;
     int32_t n;
@@ -59,6 +62,15 @@ typedef struct muon {
     void *scratch;                 /* slots * slot_elems elements */
     int scratch_slots;
     int64_t step;                  /* steps taken; host i64, checkpointed as "step" */
+    /* The AdamW group as k3rt_adamw_step_multi takes it (host arrays, n_adamw entries): which
+     * parameter each entry is, its moments, length and decay, fixed at create; weights and
+     * gradients refreshed at every step. */
+    int32_t n_adamw, *adamw_index;
+    void **aw_w, **aw_m, **aw_v;
+    const void **aw_g;
+    int64_t *aw_n;
+    double *aw_wd;
+    struct muon_gpu *gpu;          /* CUDA: the step's tables and arenas (cuda.c) */
 } muon;
 
 /* The one stride-addressed block of a parameter in each Muon job. */
@@ -77,13 +89,25 @@ int muon_describe(void *self, int32_t index, char *buf, size_t len);
 
 /* step.c */
 int muon_step(void *self, const k3rt_optimizer_step *a, k3rt_error *err);
+/* The AdamW group's tables (at create) and its one multi-tensor step (CPU and CUDA). */
+int muon_adamw_plan(muon *o, k3rt_error *err);
+int muon_adamw_group(muon *o, const k3rt_optimizer_step *a, k3rt_error *err);
+
+/* cuda.c (CUDA builds): the whole step on the device. create plans the blocks, groups and
+ * arenas; step runs momentum, Newton-Schulz, the update, the AdamW group and QK-clip on the
+ * step's stream without synchronising. */
+int muon_gpu_create(muon *o, k3rt_stream *s, k3rt_error *err);
+void muon_gpu_destroy(muon *o);
+int64_t muon_gpu_workspace_bytes(const muon *o);
+int muon_gpu_step(muon *o, const k3rt_optimizer_step *a, k3rt_error *err);
 
 /* The CPU kernels, per dtype. newton_schulz orthogonalises x (rows x cols, contiguous) in
- * place using y (rows x cols) and s, p (m x m, m = min(rows, cols)) as scratch. */
+ * place using y (rows x cols) and s, p (m x m, m = min(rows, cols)) as scratch; bf16 rounds
+ * every stored result to bf16 (the device's tensor-core arithmetic, emulated). */
 int muon_newton_schulz_f32(k3rt_stream *s, float *x, float *y, float *sq, float *p,
-                           int64_t rows, int64_t cols, int steps, k3rt_error *err);
+                           int64_t rows, int64_t cols, int steps, int bf16, k3rt_error *err);
 int muon_newton_schulz_f64(k3rt_stream *s, double *x, double *y, double *sq, double *p,
-                           int64_t rows, int64_t cols, int steps, k3rt_error *err);
+                           int64_t rows, int64_t cols, int steps, int bf16, k3rt_error *err);
 int muon_block_f32(k3rt_stream *s, const muon_block_args *a, float *scratch, k3rt_error *err);
 int muon_block_f64(k3rt_stream *s, const muon_block_args *a, double *scratch, k3rt_error *err);
 void muon_scale_block_f32(float *w, const muon_view *v, int64_t block, double factor);

@@ -10,14 +10,28 @@
  * vectors, so the result is U p^steps(sigma / ||G||_F) V^T: with 5 steps the values that start
  * at >= 2e-3 land in [0.68, 1.21] (not at 1: Keller's coefficients trade exactness for a steep
  * slope at 0), smaller ones are lifted less. The Gram matrix is taken on the small side, so one
- * step costs 4 m^2 n + 2 m^3 FLOPs for m = min(R, C), n = max(R, C). */
+ * step costs 4 m^2 n + 2 m^3 FLOPs for m = min(R, C), n = max(R, C).
+ *
+ * bf16 (ns_precision = "bf16" on the CPU, for tests): every result above (the normalised X, S,
+ * b S, P, a X, X') is rounded to bf16 as it is stored, the products accumulating in REAL. This
+ * is what the CUDA path does on the tensor cores (bf16 operands, fp32 accumulation, bf16 store
+ * after each op), so the device can be checked against it (ERRATA: PyTorch's CPU bf16 matmul
+ * rounds differently and is no reference). */
 #include <math.h>
 #include <string.h>
 
 #include "muon.h"
 
+/* x rounded to bf16 in place (through f32, as the device's fp32 accumulator is). */
+static void SUF(round_bf16)(REAL *x, int64_t n, int on)
+{
+    if (on)
+        for (int64_t i = 0; i < n; i++)
+            x[i] = (REAL)k3rt_bf16_to_f32(k3rt_f32_to_bf16((float)x[i]));
+}
+
 int SUF(muon_newton_schulz)(k3rt_stream *s, REAL *x, REAL *y, REAL *sq, REAL *p, int64_t rows,
-                            int64_t cols, int steps, k3rt_error *err)
+                            int64_t cols, int steps, int bf16, k3rt_error *err)
 {
     const int64_t n = rows * cols, m = rows <= cols ? rows : cols;
     double ss = 0;
@@ -26,6 +40,7 @@ int SUF(muon_newton_schulz)(k3rt_stream *s, REAL *x, REAL *y, REAL *sq, REAL *p,
     const REAL inv = (REAL)(1.0 / (sqrt(ss) + MUON_NS_EPS));
     for (int64_t i = 0; i < n; i++)
         x[i] *= inv;
+    SUF(round_bf16)(x, n, bf16);
     const REAL a = (REAL)MUON_NS_A, b = (REAL)MUON_NS_B;
     REAL *cur = x, *next = y;
     for (int it = 0; it < steps; it++) {
@@ -35,19 +50,24 @@ int SUF(muon_newton_schulz)(k3rt_stream *s, REAL *x, REAL *y, REAL *sq, REAL *p,
         else               /* S = X^T X */
             K3RT_TRY(k3rt_gemm(s, DTYPE, 1, 0, m, m, rows, 1.0, cur, cols, cur, cols, 0.0, sq, m,
                                err));
+        SUF(round_bf16)(sq, m * m, bf16);
         /* P = b S + c S S */
         for (int64_t i = 0; i < m * m; i++)
             p[i] = b * sq[i];
+        SUF(round_bf16)(p, m * m, bf16);
         K3RT_TRY(k3rt_gemm(s, DTYPE, 0, 0, m, m, m, MUON_NS_C, sq, m, sq, m, 1.0, p, m, err));
+        SUF(round_bf16)(p, m * m, bf16);
         /* X' = a X + P X (wide) or a X + X P (tall; P is symmetric) */
         for (int64_t i = 0; i < n; i++)
             next[i] = a * cur[i];
+        SUF(round_bf16)(next, n, bf16);
         if (rows <= cols)
             K3RT_TRY(k3rt_gemm(s, DTYPE, 0, 0, rows, cols, rows, 1.0, p, m, cur, cols, 1.0, next,
                                cols, err));
         else
             K3RT_TRY(k3rt_gemm(s, DTYPE, 0, 0, rows, cols, cols, 1.0, cur, cols, p, m, 1.0, next,
                                cols, err));
+        SUF(round_bf16)(next, n, bf16);
         REAL *t = cur;
         cur = next;
         next = t;

@@ -19,6 +19,10 @@ static const k3rt_option options[] = {
      "orthogonalise (1 - beta) g + beta m instead of m"},
     {"ns_steps", K3RT_OPT_INT, 0, "5", 1, 100, NULL,
      "Newton-Schulz steps of the quintic (3.4445, -4.7750, 2.0315) (pinned coefficients)"},
+    {"ns_precision", K3RT_OPT_STRING, 0, "\"auto\"", K3RT_RANGE_ANY, "auto|bf16|full",
+     "Newton-Schulz arithmetic: bf16 (bf16 operands, fp32 accumulation, each product stored "
+     "in bf16: the tensor cores on CUDA, emulated on the CPU), full (the parameters' dtype; "
+     "fp32 without TF32 on CUDA), auto (bf16 on CUDA, full on the CPU)"},
     {"scale", K3RT_OPT_FLOAT, 0, "0.2", 0, 100, NULL,
      "a Muon block's update is lr * scale * sqrt(max(rows, cols)) * O: RMS about scale, "
      "like AdamW, so one lr serves both groups"},
@@ -52,7 +56,12 @@ static void muon_destroy(void *self)
         k3rt_free(o->device, o->p[i].state);
         free(o->p[i].name);
     }
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    muon_gpu_destroy(o);
+#endif
     free(o->p);
+    free(o->adamw_index);
+    free(o->aw_w), free(o->aw_g), free(o->aw_m), free(o->aw_v), free(o->aw_n), free(o->aw_wd);
     free(o->jobs);
     free(o->scratch);
     free(o);
@@ -86,6 +95,9 @@ static int add_param(muon *o, const k3rt_param_ref *ref, k3rt_stream *s, muon_pa
 
 static int read_options(muon *o, const k3rt_config *c, k3rt_error *err)
 {
+    const char *prec = k3rt_cfg_string(c, "ns_precision");
+    prec = prec ? prec : "auto";
+    o->ns_bf16 = !strcmp(prec, "bf16") || (!strcmp(prec, "auto") && o->device != K3RT_DEVICE_CPU);
     o->momentum = k3rt_cfg_float(c, "momentum");
     o->nesterov = k3rt_cfg_bool(c, "nesterov");
     o->ns_steps = (int)k3rt_cfg_int(c, "ns_steps");
@@ -114,6 +126,10 @@ static int read_options(muon *o, const k3rt_config *c, k3rt_error *err)
 
 static int muon_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
+    /* the CUDA step keeps f32 master weights and state, as adamw does */
+    if (a->device != K3RT_DEVICE_CPU && a->dtype != K3RT_F32)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "per_head_muon: master weights on CUDA must "
+                         "be f32, not %s", k3rt_dtype_name(a->dtype));
     muon *o = calloc(1, sizeof *o);
     if (!o)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "per_head_muon: out of memory");
@@ -131,6 +147,12 @@ static int muon_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     }
     if (!rc)
         rc = muon_plan_jobs(o, err);
+    if (!rc)
+        rc = muon_adamw_plan(o, err);
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (!rc && o->device != K3RT_DEVICE_CPU)
+        rc = muon_gpu_create(o, a->stream, err);
+#endif
     if (rc) {
         muon_destroy(o);
         return rc;
@@ -148,6 +170,10 @@ static int muon_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
     /* Newton-Schulz scratch of the largest block, one per CPU thread of the step's stream;
      * counted for one thread, as the stream's thread count is not known here. */
     out->workspace_bytes = o->slot_elems * es;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (o->device != K3RT_DEVICE_CPU)  /* the arenas of every block at once */
+        out->workspace_bytes = muon_gpu_workspace_bytes(o);
+#endif
     out->state_bytes = 0;
     for (int32_t i = 0; i < o->n; i++)
         out->state_bytes += (o->p[i].rule == MUON_RULE_MUON ? 1 : 2) * o->p[i].n * es;
@@ -209,7 +235,11 @@ static const k3rt_plugin_descriptor descriptor = {
     .version = "1.0.0",
     .description = "Muon with per-head/per-expert Newton-Schulz, RMS-matched update, QK-clip "
                    "and an AdamW group, chosen by parameter role",
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#else
     .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#endif
     .options = options,
     .n_options = sizeof options / sizeof options[0],
     .option_size = sizeof(k3rt_option),

@@ -4,13 +4,14 @@
  *      independent Newton-Schulz problem (block.inc.c). Blocks are dealt to the stream's CPU
  *      threads largest first onto the least-loaded thread; a block costing more than a
  *      thread's fair share runs alone first, with BLAS using every thread.
- *   2. AdamW group: the core op k3rt_adamw_step per parameter, with the engine's step number
- *      for the bias correction.
+ *   2. AdamW group: the core op k3rt_adamw_step_multi over all its parameters at once, with
+ *      the engine's step number for the bias correction.
  *   3. QK-clip, after the update (Kimi K2): for a parameter whose owner declared qk_clip and
  *      a head h whose max pre-softmax logit S_h (reported by the owner for the forward of
  *      this step, reduced with MAX across ranks) exceeds tau, gamma = tau / S_h and the head's
  *      block is scaled by sqrt(gamma) (K3RT_QK_SQRT: query and key sides, so the logit scales
- *      by gamma) or by gamma (K3RT_QK_FULL: the query side of a key shared by all heads). */
+ *      by gamma) or by gamma (K3RT_QK_FULL: the query side of a key shared by all heads).
+ * On CUDA the same three run on the device (cuda.c). */
 #include "muon.h"
 
 #include <math.h>
@@ -140,19 +141,48 @@ static int muon_group(muon *o, const k3rt_optimizer_step *a, k3rt_error *err)
 
 /* ---- AdamW group and QK-clip ------------------------------------------------------------- */
 
-static int adamw_group(muon *o, const k3rt_optimizer_step *a, int64_t t, k3rt_error *err)
+int muon_adamw_plan(muon *o, k3rt_error *err)
 {
+    size_t k = (size_t)o->n + 1;
+    o->adamw_index = calloc(k, sizeof *o->adamw_index);
+    o->aw_w = calloc(k, sizeof *o->aw_w);
+    o->aw_g = calloc(k, sizeof *o->aw_g);
+    o->aw_m = calloc(k, sizeof *o->aw_m);
+    o->aw_v = calloc(k, sizeof *o->aw_v);
+    o->aw_n = calloc(k, sizeof *o->aw_n);
+    o->aw_wd = calloc(k, sizeof *o->aw_wd);
+    if (!o->adamw_index || !o->aw_w || !o->aw_g || !o->aw_m || !o->aw_v || !o->aw_n ||
+        !o->aw_wd)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "per_head_muon: out of memory");
+    o->n_adamw = 0;
     for (int32_t i = 0; i < o->n; i++) {
         const muon_param *p = &o->p[i];
         if (p->rule != MUON_RULE_ADAMW)
             continue;
-        int rc = k3rt_adamw_step(a->stream, o->dtype, a->params[i].param.data,
-                                 a->params[i].grad.data, p->state, p->v, p->n, a->lr, o->beta1,
-                                 o->beta2, o->eps, p->decayed ? o->adamw_weight_decay : 0.0, t,
-                                 err);
-        if (rc)
-            return k3rt_error_prefix(err, "per_head_muon: parameter %s: ", p->name);
+        int32_t j = o->n_adamw++;
+        o->adamw_index[j] = i;
+        o->aw_m[j] = p->state;
+        o->aw_v[j] = p->v;
+        o->aw_n[j] = p->n;
+        o->aw_wd[j] = p->decayed ? o->adamw_weight_decay : 0.0;
     }
+    return K3RT_OK;
+}
+
+/* Every AdamW parameter in one k3rt_adamw_step_multi: one fused launch on CUDA, the per-tensor
+ * op on the CPU. */
+int muon_adamw_group(muon *o, const k3rt_optimizer_step *a, k3rt_error *err)
+{
+    if (!o->n_adamw)
+        return K3RT_OK;
+    for (int32_t j = 0; j < o->n_adamw; j++) {
+        o->aw_w[j] = a->params[o->adamw_index[j]].param.data;
+        o->aw_g[j] = a->params[o->adamw_index[j]].grad.data;
+    }
+    if (k3rt_adamw_step_multi(a->stream, o->dtype, o->n_adamw, o->aw_w, o->aw_g, o->aw_m,
+                              o->aw_v, o->aw_n, o->aw_wd, a->lr, o->beta1, o->beta2, o->eps,
+                              a->step, err))
+        return k3rt_error_prefix(err, "per_head_muon: AdamW group: ");
     return K3RT_OK;
 }
 
@@ -181,11 +211,18 @@ int muon_step(void *self, const k3rt_optimizer_step *a, k3rt_error *err)
 {
     muon *o = self;
     int64_t t = a->step;  /* the engine's count: it survives resumes that skip or repeat steps */
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (o->device != K3RT_DEVICE_CPU) {
+        K3RT_TRY(muon_gpu_step(o, a, err));
+        o->step = t;
+        return K3RT_OK;
+    }
+#endif
     if (o->qk_clip)
         for (int32_t i = 0; i < o->n; i++)
             K3RT_TRY(check_max_logits(&o->p[i], &a->params[i], err));
     K3RT_TRY(muon_group(o, a, err));
-    K3RT_TRY(adamw_group(o, a, t, err));
+    K3RT_TRY(muon_adamw_group(o, a, err));
     if (o->qk_clip)
         qk_clip(o, a);
     o->step = t;

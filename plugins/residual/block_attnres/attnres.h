@@ -9,7 +9,11 @@
 #include <k3rt/k3rt.h>
 
 typedef struct attnres {
-    int dtype;           /* K3RT_F32 or K3RT_F64 */
+    int dtype;           /* K3RT_F32 or K3RT_F64 on the CPU, K3RT_F32 or K3RT_BF16 on CUDA */
+    int acc;             /* dtype of the gradient accumulators and the per-op caches (alpha, rho,
+                            z): dtype on the CPU, f32 on CUDA (every reader adds into them) */
+    int device;          /* K3RT_DEVICE_CPU or a CUDA ordinal */
+    k3rt_stream *stream; /* the run's stream (for clearing the device statistics) */
     int64_t d;
     int32_t n_layers;
     int S;               /* sublayers: 2 * n_layers */
@@ -19,10 +23,13 @@ typedef struct attnres {
     double eps;          /* key RMSNorm epsilon */
     int nb;              /* stored sources: the embedding and every block that closes */
     /* depth_weights statistics: [S + 1, nb + 1] sums of alpha over tokens, tokens per row,
-     * and the f32 means handed to the stats sink. */
+     * and the f32 means handed to the stats sink. On CUDA the sums and means live on the
+     * device (dev_sum, dev_mean), updated by every forward; the token counts stay here. */
     double *alpha_sum;
     int64_t *alpha_tokens;
     float *depth_weights;
+    double *dev_sum;
+    float *dev_mean;
     /* per-call source pointer lists, nb + 1 each (an instance serves one thread at a time) */
     const void **v;
     void **dv;
@@ -38,22 +45,26 @@ int attnres_sources(const attnres *r, int s);  /* sources of its mixing op (1 fo
 int attnres_opens(const attnres *r, int s);    /* 1 when sublayer s starts a block */
 
 /* ---- buffers -------------------------------------------------------------------------------
- * saved (one region each, 64-byte aligned; E = element bytes, N = B*T tokens):
+ * saved (one region each, 64-byte aligned; N = B*T tokens; "acc" rows are of r->acc):
  *   stored sources   nb x [N, d]   the embedding and the closed block sums
  *   partial          [N, d]        the running partial sum (the final one after finish)
- *   d stored         nb x [N, d]   their gradients, accumulated from every later reader
- *   d partial        [N, d]
- *   per mixing op s = 1..S: alpha [N, n_s], and rho, z [N] of its partial (the key-norm scale
- *   and the logit, kept because a reconstructed partial is exact only up to rounding)
- * workspace: q = gamma * w [d], dq [d], scratch [N, nb + 1] twice, one [N, d] row block (the
- * partial reconstructed from the sublayer's input). */
+ *   d stored         nb x [N, d]   acc: their gradients, accumulated from every later reader
+ *   d partial        [N, d]        acc
+ *   per mixing op s = 1..S: alpha [N, n_s], and rho, z [N] of its partial (acc; the key-norm
+ *   scale and the logit, kept because a reconstructed partial is exact only up to rounding)
+ *   CUDA: out32 [N, d] f32, the output aggregation's h (its backward's dh . h)
+ * workspace: q = gamma * w [d], dq [d], scratch [N, nb + 1] twice (acc), one [N, d] row block
+ * (the partial reconstructed from the sublayer's input) and one for the gradient of a fused
+ * pre-norm's input; CUDA: h32 [N, d] f32 (op mode) and the backward's per-block sums. */
 typedef struct attnres_layout {
     int64_t N;
     int64_t row;                           /* bytes of one [N, d] region, 64-byte aligned */
+    int64_t acc_row;                       /* the same in the accumulators' dtype */
     int64_t src, partial, dsrc, dpartial;  /* byte offsets into saved */
     int64_t ops;                           /* where the per-op caches start */
+    int64_t out32;                         /* CUDA */
     int64_t saved_bytes;
-    int64_t ws_q, ws_dq, ws_a, ws_c, ws_row, workspace_bytes;
+    int64_t ws_q, ws_dq, ws_a, ws_c, ws_row, ws_dh, ws_h32, ws_part, workspace_bytes;
 } attnres_layout;
 
 void attnres_layout_make(const attnres *r, int64_t N, attnres_layout *l);
@@ -100,11 +111,33 @@ int attnres_finish(void *self, const k3rt_residual_args *a, k3rt_error *err);
 int attnres_finish_backward(void *self, const k3rt_residual_args *a, k3rt_error *err);
 int attnres_push_backward(void *self, const k3rt_residual_args *a, k3rt_error *err);
 int attnres_mix_backward(void *self, const k3rt_residual_args *a, k3rt_error *err);
+int attnres_mix_norm(void *self, const k3rt_residual_args *a, k3rt_error *err);
+int attnres_mix_norm_backward(void *self, const k3rt_residual_args *a, k3rt_error *err);
 int attnres_begin_backward(void *self, const k3rt_residual_args *a, k3rt_error *err);
 int attnres_op_forward(void *self, const k3rt_residual_args *a, k3rt_error *err);
 int attnres_op_backward(void *self, const k3rt_residual_args *a, k3rt_error *err);
 
-/* Adds the mean of alpha [N, n] over tokens to row s of the depth-weight statistics. */
-void attnres_note_alpha(attnres *r, int s, const void *alpha, int64_t N, int n);
+/* Adds alpha [N, n] (NULL: the identity mix of sublayer 0) to row s of the depth-weight
+ * statistics, on the instance's device. */
+int attnres_note_alpha(attnres *r, k3rt_stream *st, int s, const void *alpha, int64_t N, int n,
+                       k3rt_error *err);
+
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+/* ---- the op on CUDA (cuda.c over cuda/attnres_cuda.h); op->q is not used ------------------ */
+/* h = the mix; h32 (may be NULL) its f32 copy; with norm, normed and rstd of a's pre-norm. */
+int attnres_cuda_fwd(const attnres *r, const ar_op *op, const k3rt_residual_args *norm,
+                     void *h, void *h32, k3rt_error *err);
+/* dh is the gradient of h, or with norm of a's normed; h (or h32) the forward's output;
+ * recon: source n-1 is rebuilt from h; overwrite: dv are of r->dtype and overwritten, else
+ * accumulators of r->acc. */
+int attnres_cuda_bwd(const attnres *r, const ar_op *op, const k3rt_residual_args *norm,
+                     const void *dh, const void *h, const void *h32, int recon, int overwrite,
+                     void *const *dv, void *dw, void *dgamma, void *scratch, k3rt_error *err);
+int attnres_cuda_stats(attnres *r, k3rt_stream *st, int s, const void *alpha, int64_t N, int n,
+                       k3rt_error *err);
+int attnres_cuda_create(attnres *r, k3rt_error *err);
+void attnres_cuda_destroy(attnres *r);
+int64_t attnres_cuda_scratch_bytes(int64_t N, int64_t d);
+#endif
 
 #endif

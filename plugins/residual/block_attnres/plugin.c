@@ -19,6 +19,9 @@ static void attnres_destroy(void *self)
     attnres *r = self;
     if (!r)
         return;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    attnres_cuda_destroy(r);
+#endif
     free(r->alpha_sum);
     free(r->alpha_tokens);
     free(r->depth_weights);
@@ -37,6 +40,9 @@ static int attnres_create(const k3rt_create_args *a, void **self, k3rt_error *er
     if (!r)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "block_attnres: out of memory");
     r->dtype = a->dtype;
+    r->device = a->device;
+    r->acc = a->device == K3RT_DEVICE_CPU ? a->dtype : K3RT_F32;
+    r->stream = a->stream;
     r->d = a->d_model;
     r->n_layers = a->n_layers;
     r->S = 2 * a->n_layers;
@@ -55,6 +61,15 @@ static int attnres_create(const k3rt_create_args *a, void **self, k3rt_error *er
         attnres_destroy(r);
         return k3rt_fail(err, K3RT_ERR_NOMEM, "block_attnres: out of memory");
     }
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (r->device != K3RT_DEVICE_CPU) {
+        int rc = attnres_cuda_create(r, err);
+        if (rc) {
+            attnres_destroy(r);
+            return rc;
+        }
+    }
+#endif
     *self = r;
     return K3RT_OK;
 }
@@ -114,16 +129,25 @@ static int attnres_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *o
     return K3RT_OK;
 }
 
-void attnres_note_alpha(attnres *r, int s, const void *alpha, int64_t N, int n)
+int attnres_note_alpha(attnres *r, k3rt_stream *st, int s, const void *alpha, int64_t N, int n,
+                       k3rt_error *err)
 {
     if (s < 0 || s > r->S || n > r->nb + 1)
-        return;
+        return K3RT_OK;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (r->device != K3RT_DEVICE_CPU)
+        return attnres_cuda_stats(r, st, s, alpha, N, n, err);
+#endif
+    (void)st, (void)err;
     double *row = r->alpha_sum + (int64_t)s * (r->nb + 1);
-    for (int64_t t = 0; t < N; t++)
+    if (!alpha)
+        row[0] += (double)N;
+    for (int64_t t = 0; alpha && t < N; t++)
         for (int i = 0; i < n; i++)
             row[i] += r->dtype == K3RT_F32 ? ((const float *)alpha)[t * n + i]
                                            : ((const double *)alpha)[t * n + i];
     r->alpha_tokens[s] += N;
+    return K3RT_OK;
 }
 
 /* "depth_weights" [S + 1, nb + 1]: row s is the mean weight sublayer s gave each source (0 the
@@ -133,6 +157,17 @@ static int attnres_stats(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
 {
     attnres *r = self;
     int cols = r->nb + 1;
+    if (r->device != K3RT_DEVICE_CPU) {
+        /* the means are kept current by every forward; rows none has touched since
+         * reset_stats still hold older numbers */
+        for (int s = 0; s <= r->S; s++)
+            if (!r->alpha_tokens[s])
+                K3RT_TRY(k3rt_fill(r->stream, K3RT_F32, r->dev_mean + (int64_t)s * cols, cols,
+                                   0.0, err));
+        k3rt_tensor t = k3rt_tensor_view(r->dev_mean, K3RT_F32, r->device, 2, r->S + 1, cols,
+                                         0, 0);
+        return k3rt_tensor_sink_add(sink, "depth_weights", t, K3RT_REDUCE_AVG, err);
+    }
     for (int s = 0; s <= r->S; s++)
         for (int i = 0; i < cols; i++) {
             int64_t k = (int64_t)s * cols + i;
@@ -176,6 +211,8 @@ static const k3rt_residual_vtable residual = {
     .begin_backward = attnres_begin_backward,
     .op_forward = attnres_op_forward,
     .op_backward = attnres_op_backward,
+    .mix_norm = attnres_mix_norm,
+    .mix_norm_backward = attnres_mix_norm_backward,
 };
 
 static const k3rt_plugin_descriptor descriptor = {
@@ -187,7 +224,11 @@ static const k3rt_plugin_descriptor descriptor = {
     .version = "1.0.0",
     .description = "Block Attention Residuals (K3): each sublayer reads a softmax mix of the "
                    "block sums over depth; full = true gives Full AttnRes",
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#else
     .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+#endif
     .options = options,
     .n_options = sizeof options / sizeof options[0],
     .option_size = sizeof(k3rt_option),

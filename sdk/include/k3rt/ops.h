@@ -66,6 +66,23 @@ K3RT_API int k3rt_grouped_linear_bwd(k3rt_stream *s, int dtype, const void *x, c
                                      const void *dy, void *dx, void *dw, const int64_t *offsets,
                                      int64_t groups, int64_t in, int64_t out, int accumulate_dx,
                                      k3rt_error *err);
+/* The same two with the group boundaries where a router on the device writes them: offsets
+ * holds groups + 1 entries of offsets_dtype, K3RT_I32 or K3RT_I64 (offsets[0] = 0,
+ * nondecreasing, offsets[groups] <= rows), in the stream device's memory (host memory on a CPU
+ * stream); x, y, dy and dx hold `rows` rows. With
+ * bf16, in and out multiples of 8, at most 1024 groups, on an sm_90 GPU (the CUTLASS grouped
+ * GEMM) the host reads nothing: no synchronisation, and offsets outside [0, rows] are clamped
+ * on the device (a group comes out empty). Otherwise the offsets are copied to the host first
+ * (the call waits for the stream) and checked as above. */
+K3RT_API int k3rt_grouped_linear_fwd_dev(k3rt_stream *s, int dtype, const void *x, const void *w,
+                                         void *y, const void *offsets, int offsets_dtype,
+                                         int64_t groups, int64_t rows, int64_t in, int64_t out,
+                                         k3rt_error *err);
+K3RT_API int k3rt_grouped_linear_bwd_dev(k3rt_stream *s, int dtype, const void *x, const void *w,
+                                         const void *dy, void *dx, void *dw,
+                                         const void *offsets, int offsets_dtype, int64_t groups,
+                                         int64_t rows, int64_t in, int64_t out,
+                                         int accumulate_dx, k3rt_error *err);
 
 /* ---- Normalisation ------------------------------------------------------------------------- */
 

@@ -1,0 +1,257 @@
+/* Stable LatentMoE on CUDA, f32 or bf16: the layer of moe.c in the same order over device
+ * buffers. Products, the GLUs, the latent RMSNorm and the sigmoid are the shared ops (k3rt/ops.h);
+ * routing, the counting-sort dispatch, the gather, the combine and the router's backward are this
+ * plugin's kernels (cuda/lm_cuda.h).
+ *
+ * Precision: under bf16 the activations, weights and activation gradients are bf16 and the
+ * parameter gradients f32 (the run's bf16 mode); the router is an fp32 GEMM on the bf16 values
+ * (x and W_r cast to f32, exact), so scores, the selection, the gates and their gradients are
+ * f32 on every run, and a near-tie routes as it does on the CPU. The router's backward product
+ * takes dz rounded to bf16 (its weight gradient accumulates in fp32).
+ *
+ * Host reads: k3rt_grouped_linear_fwd/bwd take the expert offsets as a HOST array, so each
+ * forward and each backward copies the E + 1 offsets from the device once and waits for them:
+ * one host synchronisation per layer call, until the grouped GEMM takes device-side shapes.
+ * Nothing else is read back; the routing the balancer sees stays on the device. */
+#include <string.h>
+
+#include "latent_moe.h"
+#include "cuda/lm_cuda.h"
+
+#define P(i) (a->params[f->slot[(i)]].data)
+#define G(i) (a->grads[f->slot[(i)]].data)
+
+typedef struct cu_layout {
+    /* saved: one raw part */
+    int64_t s, sel, pos, src, p, counts, offsets, bias, c, g, u, act, ye, U, rstd, nrm, sg, su, sa;
+    int64_t saved;
+    /* forward scratch */
+    int64_t x32, w32, sort, xe, fwd;
+    /* backward scratch */
+    int64_t dn, dU, dp, dye, da, dg, du, xe_b, dc, dz, dz16, dsa, dsg, dsu, bwd;
+    int64_t workspace;
+} cu_layout;
+
+static int64_t take(int64_t *at, int64_t bytes)
+{
+    int64_t off = *at;
+    *at += (bytes + 255) / 256 * 256;
+    return off;
+}
+
+static void layout_make(const latent_moe *f, int64_t N, cu_layout *L)
+{
+    const int64_t es = (int64_t)k3rt_dtype_size(f->dtype), R = N * f->k, E = f->E;
+    const int64_t l = f->l, m = f->m, bf = f->dtype == K3RT_BF16;
+    const int64_t sh = f->Hs > 0 ? N * f->Hs * es : 0, nb = f->latent_norm ? N * l * es : 0;
+    int64_t at = 0;
+    L->s = take(&at, N * E * 4);
+    L->sel = take(&at, R * 4);
+    L->pos = take(&at, R * 4);
+    L->src = take(&at, R * 4);
+    L->p = take(&at, R * 4);
+    L->counts = take(&at, E * 8);
+    L->offsets = take(&at, (E + 1) * 8);
+    L->bias = take(&at, E * 4);
+    L->c = take(&at, N * l * es);
+    L->g = take(&at, R * m * es);
+    L->u = take(&at, R * m * es);
+    L->act = take(&at, R * m * es);
+    L->ye = take(&at, R * l * es);
+    L->U = take(&at, N * l * es);
+    L->rstd = take(&at, f->latent_norm ? N * 4 : 0);
+    L->nrm = take(&at, nb);
+    L->sg = take(&at, sh);
+    L->su = take(&at, sh);
+    L->sa = take(&at, sh);
+    L->saved = at;
+
+    at = 0;
+    L->x32 = take(&at, bf ? N * f->d * 4 : 0);
+    L->w32 = take(&at, bf ? E * f->d * 4 : 0);
+    L->sort = take(&at, lm_cu_dispatch_scratch(R, E));
+    L->xe = take(&at, R * l * es);
+    L->fwd = at;
+
+    at = 0;
+    L->dn = take(&at, N * l * es);
+    L->dU = f->latent_norm ? take(&at, nb) : L->dn;
+    L->dp = take(&at, R * 4);
+    L->dye = take(&at, R * l * es);
+    L->da = take(&at, R * m * es);
+    L->dg = take(&at, R * m * es);
+    L->du = take(&at, R * m * es);
+    L->xe_b = take(&at, R * l * es);
+    L->dc = take(&at, N * l * es);
+    L->dz = take(&at, N * E * 4);
+    L->dz16 = take(&at, bf ? N * E * es : 0);
+    L->dsa = take(&at, sh);
+    L->dsg = take(&at, sh);
+    L->dsu = take(&at, sh);
+    L->bwd = at;
+    L->workspace = L->bwd > L->fwd ? L->bwd : L->fwd;
+}
+
+int lm_gpu_check(const latent_moe *f, k3rt_error *err)
+{
+    if (f->E > LM_CU_MAX_EXPERTS || f->k > LM_CU_MAX_TOPK)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "latent_moe: on CUDA experts must be <= %d "
+                         "and top_k <= %d, got %lld experts top-%lld", LM_CU_MAX_EXPERTS,
+                         LM_CU_MAX_TOPK, (long long)f->E, (long long)f->k);
+    if (f->dtype != K3RT_F32 && f->dtype != K3RT_BF16)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "latent_moe: on CUDA the compute dtype is f32 "
+                         "or bf16, got %s", k3rt_dtype_name(f->dtype));
+    return K3RT_OK;
+}
+
+void lm_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out)
+{
+    cu_layout L;
+    layout_make(f, tokens, &L);
+    out->saved_bytes = L.saved;
+    out->workspace_bytes = L.workspace;
+    out->state_bytes = 0;
+}
+
+/* The expert offsets into the instance's host array: the layer call's one synchronisation. */
+static int host_offsets(latent_moe *f, k3rt_stream *st, const void *dev, k3rt_error *err)
+{
+    K3RT_TRY(k3rt_memcpy(st, f->host_offsets, K3RT_DEVICE_CPU, dev, f->device,
+                         (size_t)(f->E + 1) * sizeof(int64_t), err));
+    return k3rt_stream_sync(st, err);
+}
+
+/* s = sigmoid(x W_r^T) in f32: under bf16 x and W_r are widened first (exactly). */
+static int router_fwd(const latent_moe *f, const k3rt_fwd_args *a, const cu_layout *L,
+                      char *ws, float *s, k3rt_error *err)
+{
+    k3rt_stream *st = a->stream;
+    int64_t N = a->batch * a->seq, d = f->d, E = f->E;
+    const void *x = a->x.data, *w = P(LM_ROUTER);
+    if (f->dtype == K3RT_BF16) {
+        K3RT_TRY(k3rt_cast(st, x, K3RT_BF16, ws + L->x32, K3RT_F32, N * d, err));
+        K3RT_TRY(k3rt_cast(st, w, K3RT_BF16, ws + L->w32, K3RT_F32, E * d, err));
+        x = ws + L->x32, w = ws + L->w32;
+    }
+    K3RT_TRY(k3rt_linear_fwd(st, K3RT_F32, x, w, NULL, s, N, d, E, err));
+    return k3rt_act_fwd(st, K3RT_F32, K3RT_ACT_SIGMOID, s, s, N * E, err);
+}
+
+int lm_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
+{
+    int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * k, l = f->l, m = f->m, d = f->d;
+    if (R > INT32_MAX)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "latent_moe: %lld tokens x top-%lld routed rows "
+                         "exceed the i32 row index; use a smaller micro-batch", (long long)N,
+                         (long long)k);
+    K3RT_TRY(lm_cu_enter(f->device, err));
+    cu_layout L;
+    layout_make(f, N, &L);
+    char *sv = a->saved[0], *ws = a->workspace;
+    k3rt_stream *st = a->stream;
+    void *cs = k3rt_stream_native(st);
+    int dt = f->dtype;
+    float *s = (float *)(sv + L.s), *p = (float *)(sv + L.p), *bias = (float *)(sv + L.bias);
+    int32_t *sel = (int32_t *)(sv + L.sel), *pos = (int32_t *)(sv + L.pos);
+    int32_t *src = (int32_t *)(sv + L.src);
+    int64_t *counts = (int64_t *)(sv + L.counts), *offsets = (int64_t *)(sv + L.offsets);
+    void *c = sv + L.c, *g = sv + L.g, *u = sv + L.u, *act = sv + L.act, *ye = sv + L.ye;
+    void *U = sv + L.U, *xe = ws + L.xe;
+
+    /* route and dispatch */
+    if (a->bias.ndim)
+        K3RT_TRY(k3rt_memcpy(st, bias, f->device, a->bias.data, a->bias.device,
+                             (size_t)E * sizeof(float), err));
+    else
+        K3RT_TRY(k3rt_memset(st, bias, f->device, 0, (size_t)E * sizeof(float), err));
+    K3RT_TRY(router_fwd(f, a, &L, ws, s, err));
+    K3RT_TRY(lm_cu_route(cs, s, bias, N, E, k, f->renormalize, f->rscale, sel, p, err));
+    K3RT_TRY(lm_cu_dispatch(cs, sel, R, E, ws + L.sort, counts, offsets, pos, src, err));
+    K3RT_TRY(host_offsets(f, st, offsets, err));
+    const int64_t *hoff = f->host_offsets;
+
+    /* routed experts in the latent space */
+    K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_DOWN), NULL, c, N, d, l, err));
+    K3RT_TRY(lm_cu_gather(cs, dt, c, src, R, k, l, xe, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LM_EX_GATE), g, hoff, E, l, m, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LM_EX_UP), u, hoff, E, l, m, err));
+    K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, g, u, act, R * m, f->beta1, f->beta2, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, act, P(LM_EX_DOWN), ye, hoff, E, m, l, err));
+    K3RT_TRY(lm_cu_combine(cs, dt, ye, pos, p, N, k, l, U, err));
+    K3RT_TRY(lm_out_forward(f, st, a, U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su, sv + L.sa,
+                            err));
+
+    if (a->routing) {
+        k3rt_routing *r = a->routing;
+        r->scores = k3rt_tensor_view(s, K3RT_F32, f->device, 2, N, E, 0, 0);
+        r->selected = k3rt_tensor_view(sel, K3RT_I32, f->device, 2, N, k, 0, 0);
+        r->counts = k3rt_tensor_view(counts, K3RT_I64, f->device, 1, E, 0, 0, 0);
+        r->offsets = k3rt_tensor_view(offsets, K3RT_I64, f->device, 1, E + 1, 0, 0, 0);
+    }
+    return K3RT_OK;
+}
+
+/* dx += dz W_r ; dW_r += dz^T x. Under bf16 the product takes dz rounded to bf16. */
+static int router_bwd(const latent_moe *f, const k3rt_bwd_args *a, const cu_layout *L,
+                      char *ws, const float *dz, k3rt_error *err)
+{
+    k3rt_stream *st = a->stream;
+    int64_t N = a->batch * a->seq, d = f->d, E = f->E;
+    const void *g = dz;
+    if (f->dtype == K3RT_BF16) {
+        K3RT_TRY(k3rt_cast(st, dz, K3RT_F32, ws + L->dz16, K3RT_BF16, N * E, err));
+        g = ws + L->dz16;
+    }
+    return k3rt_linear_bwd(st, f->dtype, a->x.data, P(LM_ROUTER), g, a->dx.data, G(LM_ROUTER),
+                           NULL, N, d, E, 1, err);
+}
+
+int lm_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
+{
+    int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * k, l = f->l, m = f->m, d = f->d;
+    K3RT_TRY(lm_cu_enter(f->device, err));
+    cu_layout L;
+    layout_make(f, N, &L);
+    const char *sv = a->saved[0];
+    char *ws = a->workspace;
+    k3rt_stream *st = a->stream;
+    void *cs = k3rt_stream_native(st);
+    int dt = f->dtype;
+    const float *d_scores = a->d_scores.ndim ? a->d_scores.data : NULL;
+    const int32_t *sel = (const int32_t *)(sv + L.sel), *pos = (const int32_t *)(sv + L.pos);
+    const int32_t *src = (const int32_t *)(sv + L.src);
+    const float *s = (const float *)(sv + L.s), *p = (const float *)(sv + L.p);
+    const void *x = a->x.data;
+    void *dx = a->dx.data;
+
+    void *dU = ws + L.dU;
+    K3RT_TRY(lm_out_backward(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su,
+                             sv + L.sa, ws + L.dsa, ws + L.dsg, ws + L.dsu, ws + L.dn, dU, err));
+    int acc = f->Hs > 0;
+
+    /* combine, experts, dispatch */
+    float *dp = (float *)(ws + L.dp), *dz = (float *)(ws + L.dz);
+    void *dye = ws + L.dye, *da = ws + L.da, *dg = ws + L.dg, *du = ws + L.du;
+    void *xe = ws + L.xe_b, *dc = ws + L.dc;
+    K3RT_TRY(lm_cu_combine_bwd(cs, dt, dU, sv + L.ye, pos, p, N, k, l, dp, dye, err));
+    K3RT_TRY(host_offsets(f, st, sv + L.offsets, err));
+    const int64_t *hoff = f->host_offsets;
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, sv + L.act, P(LM_EX_DOWN), dye, da, G(LM_EX_DOWN),
+                                     hoff, E, m, l, 0, err));
+    K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.g, sv + L.u, da, dg, du, R * m, f->beta1,
+                          f->beta2, err));
+    K3RT_TRY(lm_cu_gather(cs, dt, sv + L.c, src, R, k, l, xe, err));
+    void *dxe = dye; /* dye is spent */
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LM_EX_GATE), dg, dxe, G(LM_EX_GATE), hoff, E,
+                                     l, m, 0, err));
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LM_EX_UP), du, dxe, G(LM_EX_UP), hoff, E, l,
+                                     m, 1, err));
+    K3RT_TRY(lm_cu_combine(cs, dt, dxe, pos, NULL, N, k, l, dc, err));
+    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_DOWN), dc, dx, G(LM_DOWN), NULL, N, d, l, acc,
+                             err));
+
+    /* router */
+    K3RT_TRY(lm_cu_router_bwd(cs, s, sel, dp, d_scores, N, E, k, f->renormalize, f->rscale, dz,
+                              err));
+    return router_bwd(f, a, &L, ws, dz, err);
+}
