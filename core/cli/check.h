@@ -12,7 +12,7 @@
 #include <jansson.h>
 #include <k3rt/k3rt.h>
 
-#include "plugin/fdcheck.h"
+#include "check/fdcheck.h"
 #include "plugin/registry.h"
 #include "plugin/rig.h"
 

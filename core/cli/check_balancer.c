@@ -161,7 +161,7 @@ static int bal_micro(bal_run *r, double scale, k3rt_error *err)
     k3rt_routing g = bal_routing(r);
     K3RT_TRY(rig_observe(&r->m, &g, err));
     r->loss = 0;
-    if (r->m.e->vt.balancer.aux_loss) {
+    if (rig_has_aux_loss(&r->m)) {
         k3rt_tensor ds = k3rt_tensor_view(r->ds_d, K3RT_F32, r->device, 2, r->N, r->E, 0, 0);
         K3RT_TRY(rig_aux_loss(&r->m, &g, scale, &r->loss, ds, err));
         K3RT_TRY(ck_copy(r->s, r->ds, K3RT_DEVICE_CPU, r->ds_d, r->device,
@@ -229,7 +229,7 @@ static void check_update(check_ctx *c)
         rc = bal_step(&r, step, &err);
     if (!rc)
         v1 = maxvio(r.counts, r.E);
-    int aux = r.created && r.m.e->vt.balancer.aux_loss != NULL;
+    int aux = r.created && rig_has_aux_loss(&r.m);
     if (rc)
         ck_error(c, "update", &err);
     else if (moved > 0 && !(corr < 0))
@@ -281,7 +281,7 @@ static void check_determinism_and_state(check_ctx *c)
                                                       ? "" : " (not declared deterministic)");
     } else {
         ck_report(c, CK_PASS, "determinism", "two instances given the same routing for 5 steps: "
-                  "bias%s bitwise equal", a.m.e->vt.balancer.aux_loss
+                  "bias%s bitwise equal", rig_has_aux_loss(&a.m)
                                               ? ", auxiliary loss and d_scores" : "");
     }
     changed = !rc && memcmp(first, a.bias, (size_t)a.E * sizeof(float));
@@ -458,7 +458,7 @@ static void check_cuda(check_ctx *c)
             rc = bal_step(&g, step, &err);
         if (!rc)
             worst = fmax(worst, ck_rel_rms(h.bias, g.bias, K3RT_F32, h.E));
-        if (!rc && h.m.e->vt.balancer.aux_loss)
+        if (!rc && rig_has_aux_loss(&h.m))
             worst = fmax(worst, ck_rel_rms(h.ds, g.ds, K3RT_F32, h.N * h.E));
     }
     if (rc)
@@ -466,7 +466,7 @@ static void check_cuda(check_ctx *c)
     else
         ck_report(c, worst <= c->cuda_tol ? CK_PASS : CK_FAIL, "cuda", "5 steps on CUDA device "
                   "0 against the CPU: worst relative rms of the bias%s %.2e (tolerance %.0e)",
-                  h.m.e->vt.balancer.aux_loss ? " and d_scores" : "", worst, c->cuda_tol);
+                  rig_has_aux_loss(&h.m) ? " and d_scores" : "", worst, c->cuda_tol);
     bal_close(&h);
     bal_close(&g);
 }

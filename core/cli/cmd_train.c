@@ -5,8 +5,29 @@
 
 #include "cli/commands.h"
 #include "cli/plugin_args.h"
+#include "plot/heatmap.h"
+#include "plot/loss_chart.h"
 #include "train/trainer.h"
 #include "util/log.h"
+
+/* The run's charts, drawn by core/plot (the engine draws nothing itself). */
+static int draw_loss(void *user, const char *path, const char *title, const loss_history *h,
+                     k3rt_error *err)
+{
+    (void)user;
+    return loss_chart_write_svg(h, title, path, err);
+}
+
+static int draw_depth_weights(void *user, const char *path, const train_matrix *m,
+                              k3rt_error *err)
+{
+    (void)user;
+    heatmap_spec spec = {m->title, m->row_title, m->col_title, m->row_labels, m->col_labels,
+                         m->lo, m->hi};
+    return heatmap_write_svg(path, m->values, m->rows, m->cols, &spec, err);
+}
+
+static const train_charts CHARTS = {NULL, draw_loss, draw_depth_weights};
 
 static void usage(FILE *to)
 {
@@ -29,6 +50,7 @@ int cmd_train(int argc, char **argv)
 {
     train_options o;
     memset(&o, 0, sizeof o);
+    o.charts = &CHARTS;
     const char **sets = calloc((size_t)argc, sizeof *sets);
     if (!sets)
         return 1;

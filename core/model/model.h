@@ -163,5 +163,7 @@ int model_set_balancer(model *m, const json_t *spec, registry *reg, k3rt_error *
 
 /* Parameter lookup by full name (-1 when absent). */
 int model_find_param(const model *m, const char *name);
+/* The balancer instance of layer i, NULL for a layer without routed experts. */
+rig *model_balancer(model *m, int layer);
 
 #endif

@@ -496,6 +496,12 @@ int model_find_param(const model *m, const char *name)
     return -1;
 }
 
+rig *model_balancer(model *m, int layer)
+{
+    int b = m->layers[layer].balancer;
+    return b >= 0 ? &m->mods[b].r : NULL;
+}
+
 void model_zero_grads(model *m)
 {
     k3rt_memset(m->opt.stream, m->grad_buf, m->opt.device, 0,

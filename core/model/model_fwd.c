@@ -131,7 +131,7 @@ static int sublayer_forward(model *m, int s, int training, double aux_scale, k3r
         return rig_forward(&mm->r, &a, err);
 
     k3rt_routing *routing = &m->a->routing[s / 2];
-    rig *bal = L->balancer >= 0 ? &m->mods[L->balancer].r : NULL;
+    rig *bal = model_balancer(m, s / 2);
     if (bal) {
         K3RT_TRY(rig_bias(bal, &a.bias, err));
         a.routing = routing;
@@ -141,7 +141,7 @@ static int sublayer_forward(model *m, int s, int training, double aux_scale, k3r
         return K3RT_OK;
     K3RT_TRY(add_counts(m, s / 2, &routing->counts, err));
     K3RT_TRY(rig_observe(bal, routing, err));
-    if (bal->e->vt.balancer.aux_loss) {
+    if (rig_has_aux_loss(bal)) {
         double loss = 0;
         int64_t N = m->B * m->T;
         k3rt_tensor ds = k3rt_tensor_view(m->a->d_scores[s / 2], K3RT_F32, m->opt.device, 2, N,
@@ -161,7 +161,8 @@ static int sublayer_backward(model *m, int s, k3rt_error *err)
     a.x = model_act_tensor(m, m->a->xn);
     a.dy = model_act_tensor(m, m->a->dys);
     a.dx = model_act_tensor(m, m->a->dxn);
-    if (s % 2 && L->balancer >= 0 && m->mods[L->balancer].r.e->vt.balancer.aux_loss)
+    const rig *bal = s % 2 ? model_balancer(m, s / 2) : NULL;
+    if (bal && rig_has_aux_loss(bal))
         a.d_scores = k3rt_tensor_view(m->a->d_scores[s / 2], K3RT_F32, m->opt.device, 2,
                                       m->B * m->T, L->experts, 0, 0);
     return rig_backward(&mm->r, &a, err);

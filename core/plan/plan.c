@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "plan/plan_memory.h"
 #include "recipe/recipe.h"
 
 static int64_t get_int(const json_t *o, const char *k)
@@ -44,19 +45,6 @@ static int read_plan(const json_t *doc, const plan_options *o, plan_report *r, k
                          (long long)r->seq_len);
     r->tokens_per_step = r->micro_batch * r->seq_len * r->grad_accum * r->dp * r->ep;
     return K3RT_OK;
-}
-
-void plan_module_name(const model *m, int mi, char *buf, size_t len)
-{
-    const model_module *mm = &m->mods[mi];
-    const char *plugin = mm->r.e->desc.name;
-    if (mm->kind == K3RT_KIND_ATTENTION)
-        snprintf(buf, len, "mixer %c (%s)", m->layers[mm->layer].mixer_letter, plugin);
-    else if (mm->kind == K3RT_KIND_MOE)
-        snprintf(buf, len, "%s (%s)", m->layers[mm->layer].experts ? "ffn" : "dense ffn",
-                 plugin);
-    else
-        snprintf(buf, len, "%s (%s)", k3rt_kind_name(mm->kind), plugin);
 }
 
 /* Which component a parameter counts towards; *expert is set for routed-expert matrices. */

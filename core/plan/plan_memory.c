@@ -15,12 +15,26 @@
  *     micro_batch x seq_len/cp tokens, as the CPU plugins count them in f32, halved for bf16;
  *   - expert all-to-all: uniform routing, bf16 tokens, ep the fastest-varying axis of the rank
  *     layout (an ep group is consecutive GPUs). */
-#include "plan/plan.h"
+#include "plan/plan_memory.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+
+void plan_module_name(const model *m, int mi, char *buf, size_t len)
+{
+    const model_module *mm = &m->mods[mi];
+    const char *plugin = mm->r.e->desc.name;
+    if (mm->kind == K3RT_KIND_ATTENTION)
+        snprintf(buf, len, "mixer %c (%s)", m->layers[mm->layer].mixer_letter, plugin);
+    else if (mm->kind == K3RT_KIND_MOE)
+        snprintf(buf, len, "%s (%s)", m->layers[mm->layer].experts ? "ffn" : "dense ffn",
+                 plugin);
+    else
+        snprintf(buf, len, "%s (%s)", k3rt_kind_name(mm->kind), plugin);
+}
 
 /* A small parameter with the same role and layout flags as `like`. */
 static void probe_decl(const k3rt_param_decl *like, k3rt_param_decl *d)

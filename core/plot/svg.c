@@ -1,13 +1,22 @@
-/* Drawing items as SVG elements (plot_list.h). */
+/* The SVG writer (svg.h) and drawing items as SVG elements (plot_list.h). */
+#include "plot/svg.h"
+
 #include <stdio.h>
 
 #include "plot/plot_list.h"
 #include "util/fs.h"
 
-/* Text with &, <, >, " escaped. */
-static void put_text(FILE *f, const char *s)
+void svg_begin(FILE *f, double w, double h, int font_size)
 {
-    for (; *s; s++) {
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+               "font-family=\"sans-serif\" font-size=\"%d\">\n"
+               "<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", w, h, font_size, w,
+            h);
+}
+
+void svg_put_text(FILE *f, const char *s)
+{
+    for (; s && *s; s++) {
         switch (*s) {
         case '&': fputs("&amp;", f); break;
         case '<': fputs("&lt;", f); break;
@@ -48,18 +57,16 @@ static void item(FILE *f, const plot_item *it)
         if (it->vertical)
             fprintf(f, " transform=\"rotate(-90 %.1f %.1f)\"", it->x0, it->y0);
         fputc('>', f);
-        put_text(f, it->text);
+        svg_put_text(f, it->text);
         fputs("</text>\n", f);
     }
 }
 
 int plot_write_svg_list(const plot_list *l, const char *path, k3rt_error *err)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot create", tmp);
+    fs_atomic a;
+    K3RT_TRY(fs_atomic_open(&a, path, err));
+    FILE *f = a.f;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
                "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" "
                "fill=\"#%06x\"/>\n",
@@ -67,8 +74,5 @@ int plot_write_svg_list(const plot_list *l, const char *path, k3rt_error *err)
     for (int i = 0; i < l->n; i++)
         item(f, &l->items[i]);
     fputs("</svg>\n", f);
-    K3RT_TRY(fs_close_synced(f, tmp, err));
-    if (rename(tmp, path) != 0)
-        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot rename into place", path);
-    return K3RT_OK;
+    return fs_atomic_commit(&a, err);
 }

@@ -141,6 +141,8 @@ int rig_has_residual(const rig *r, rig_residual_call call);
 int rig_residual(rig *r, rig_residual_call call, k3rt_residual_args *a, k3rt_error *err);
 
 /* Balancer calls. */
+/* 1 when the balancer adds an auxiliary loss (it provides aux_loss). */
+int rig_has_aux_loss(const rig *r);
 int rig_bias(rig *r, k3rt_tensor *out, k3rt_error *err);
 int rig_observe(rig *r, const k3rt_routing *routing, k3rt_error *err);
 int rig_aux_loss(rig *r, const k3rt_routing *routing, double scale, double *loss,

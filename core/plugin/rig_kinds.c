@@ -188,6 +188,11 @@ int rig_observe(rig *r, const k3rt_routing *routing, k3rt_error *err)
     return rig_fail(r, r->e->vt.balancer.observe(r->self, r->stream, routing, err), err);
 }
 
+int rig_has_aux_loss(const rig *r)
+{
+    return r->kind == K3RT_KIND_BALANCER && r->e->vt.balancer.aux_loss != NULL;
+}
+
 int rig_aux_loss(rig *r, const k3rt_routing *routing, double scale, double *loss,
                  k3rt_tensor d_scores, k3rt_error *err)
 {

@@ -11,7 +11,7 @@
 #include "recipe/sandbox.h"
 #include "recipe/schema.h"
 #include "recipe/sugar.h"
-#include "train/checkpoint.h"
+#include "train/ckpt_dir.h"
 #include "util/fs.h"
 
 struct recipe {

@@ -1,5 +1,5 @@
 /* The model section: scalars, the mixers and their layer pattern, FFNs, balancer, residual. */
-#include "recipe/schema_internal.h"
+#include "recipe/schema_model.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -46,6 +46,21 @@ int schema_unknown_key(const char *what, const char *key, const char *const *nam
                      n ? list : "none");
 }
 
+int schema_check_keys(const json_t *obj, const char *const *names, int n, const char *what,
+                      k3rt_error *err)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        int known = 0;
+        for (int i = 0; i < n && !known; i++)
+            known = !strcmp(key, names[i]);
+        if (!known)
+            return schema_unknown_key(what, key, names, n, err);
+    }
+    return K3RT_OK;
+}
+
 const plugin_entry *schema_resolve(const registry *reg, const char *name, const char *path,
                                    int kind)
 {

@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "train/checkpoint.h"
+#include "train/ckpt_dir.h"
 #include "train/ckpt_manifest.h"
 #include "train/ckpt_verify.h"
 #include "train/train_internal.h"

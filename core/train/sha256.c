@@ -1,5 +1,5 @@
-/* SHA-256 (FIPS 180-4), for the recipe hash in checkpoint manifests (checkpoint.h). */
-#include "train/checkpoint.h"
+/* SHA-256 (FIPS 180-4), for the recipe hash in checkpoint manifests (ckpt_dir.h). */
+#include "train/ckpt_dir.h"
 
 #include <string.h>
 

@@ -10,7 +10,6 @@
 #include "recipe/recipe.h"
 #include "train/data.h"
 #include "train/schedule.h"
-#include "train/train_plot.h"
 #include "train/trainer.h"
 
 typedef struct run {
@@ -74,13 +73,10 @@ void run_free(run *r);
 int rank_build(rank_ctx *c, k3rt_error *err);
 void rank_free(rank_ctx *c);
 
-/* trainer.c */
-int train_print_header(rank_ctx *c, k3rt_error *err);
-
 /* train_loop.c */
 void *rank_main(void *arg);
 
-/* train_ckpt.c */
+/* ckpt_run.c */
 int ckpt_save_run(rank_ctx *c, int64_t step, k3rt_error *err);
 int ckpt_load_run(rank_ctx *c, k3rt_error *err);
 /* Checks a resumed manifest against the run: plan, plugins (model shape is checked when the
@@ -99,9 +95,13 @@ int eval_split(rank_ctx *c, const token_stream *s, int64_t max_windows, double *
                k3rt_error *err);
 
 /* train_report.c */
+/* What the run will do: model size, FLOPs, memory, plugins (llm.c prints this too). */
+int train_print_header(rank_ctx *c, k3rt_error *err);
 void report_progress(rank_ctx *c, int64_t step, double lr, double gnorm, const json_t *moe);
 int report_metrics(rank_ctx *c, json_t *record, k3rt_error *err);
 json_t *moe_metrics(rank_ctx *c, double *worst_maxvio);
+int loss_series_add(loss_series *s, double x, double y, k3rt_error *err);
+void loss_history_free(loss_history *h);
 
 /* train_sample.c */
 int sample_text(model *m, int64_t seq_len, const json_t *sample_cfg, char **out,

@@ -6,7 +6,6 @@
 #include "comm/comm_impl.h"
 #include "ops/dispatch.h"
 #include "plugin/sinks.h"
-#include "train/heatmap.h"
 #include "train/train_internal.h"
 #include "util/fs.h"
 #include "util/log.h"
@@ -64,10 +63,9 @@ static int update_balancers(rank_ctx *c, int64_t step, k3rt_error *err)
 {
     model *m = &c->m;
     for (int i = 0; i < m->n_layers; i++) {
-        int b = m->layers[i].balancer;
-        if (b < 0)
-            continue;
-        K3RT_TRY(rig_update(&m->mods[b].r, c->dp, step, err));
+        rig *bal = model_balancer(m, i);
+        if (bal)
+            K3RT_TRY(rig_update(bal, c->dp, step, err));
     }
     return K3RT_OK;
 }
@@ -205,8 +203,9 @@ static int hook_changes(rank_ctx *c, int64_t step, json_t *metrics, k3rt_error *
 }
 
 /* A residual that reports "depth_weights" [sublayers + 1, sources] (what each sublayer reads
- * from each depth source) gets it drawn as a heat map and logged, at every evaluation. */
-static int depth_weights(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
+ * from each depth source) gets it logged and, through the driver's charts, drawn as a heat
+ * map, at every evaluation. */
+static int log_depth_weights(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
 {
     run *r = c->r;
     struct k3rt_tensor_sink sink;
@@ -256,9 +255,12 @@ static int depth_weights(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err
         if (!rc) {
             char path[1200], title[96];
             snprintf(title, sizeof title, "depth-attention weights at step %lld", (long long)step);
-            heatmap_spec spec = {title, "sublayer (layer.slot)", "source", rp, cp, 0, 1};
+            train_matrix tm = {title, "sublayer (layer.slot)", "source", m, rows, cols, rp, cp,
+                               0, 1};
             fs_join(path, sizeof path, r->out, "depth_weights.svg");
-            rc = heatmap_write_svg(path, m, rows, cols, &spec, err);
+            const train_charts *ch = r->opt.charts;
+            if (ch && ch->depth_weights)
+                rc = ch->depth_weights(ch->user, path, &tm, err);
             json_object_set(rec, "depth_weights", table);
         }
         json_decref(table);
@@ -279,9 +281,9 @@ static int maybe_eval(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
     K3RT_TRY(eval_split(c, &r->val, r->eval_batches * r->B, &val, err));
     json_object_set_new(rec, "val_loss", json_real(val));
     if (c->rank == 0) {
-        K3RT_TRY(depth_weights(c, step, rec, err));
+        K3RT_TRY(log_depth_weights(c, step, rec, err));
         r->result.final_val_loss = val;
-        plot_add(&r->history.val, (double)step, val);
+        K3RT_TRY(loss_series_add(&r->history.val, (double)step, val, err));
         if (!r->opt.quiet)
             log_info("step %lld: validation loss %.4f nats/token", (long long)step, val);
     }
@@ -369,14 +371,15 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
         if (c->rank == 0) {
             if (step == r->start_step + 1)
                 r->result.first_loss = o.loss;
-            plot_add(&r->history.train, (double)step, o.loss);
+            rc = loss_series_add(&r->history.train, (double)step, o.loss, err);
         }
         if (!o.skipped) {
             c->interval_loss += o.loss;
             c->interval_steps++;
         }
         c->interval_tokens += N * r->accum * r->dp;
-        rc = maybe_eval(c, step, rec, err);
+        if (!rc)
+            rc = maybe_eval(c, step, rec, err);
         if (!rc && (step % r->log_interval == 0 || step == r->steps || json_object_get(rec, "val_loss")))
             rc = report_metrics(c, rec, err);
         /* A hook's change must be in the checkpoint of this step, which resumes at the next. */
@@ -420,12 +423,15 @@ static int finish(rank_ctx *c, k3rt_error *err)
         return K3RT_OK;
     r->result.seconds = time_now() - r->t_start;
     char path[1200];
-    fs_join(path, sizeof path, r->out, "loss.svg");
-    char title[256];
-    snprintf(title, sizeof title, "k3rt: %s", recipe_path(r->rec));
-    K3RT_TRY(plot_write_svg(&r->history, title, path, err));
-    if (!r->opt.quiet)
-        log_info("wrote %s", path);
+    const train_charts *ch = r->opt.charts;
+    if (ch && ch->loss) {
+        fs_join(path, sizeof path, r->out, "loss.svg");
+        char title[256];
+        snprintf(title, sizeof title, "k3rt: %s", recipe_path(r->rec));
+        K3RT_TRY(ch->loss(ch->user, path, title, &r->history, err));
+        if (!r->opt.quiet)
+            log_info("wrote %s", path);
+    }
     const char *tok = json_string_value(json_object_get(json_object_get(r->doc, "data"),
                                                         "tokenizer"));
     if (r->opt.no_sample || (tok && strcmp(tok, "bytes")))

@@ -1,9 +1,62 @@
-/* Progress lines and JSON-lines metrics (rank 0), with per-layer MoE load statistics. */
+/* What a run tells (rank 0): the header of what it will do, progress lines and JSON-lines
+ * metrics with per-layer MoE load statistics, and the loss history its loss chart is drawn
+ * from. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "train/train_internal.h"
 #include "util/log.h"
+
+static void human(double n, char *buf, size_t len)
+{
+    if (n >= 1e9)
+        snprintf(buf, len, "%.2fB", n / 1e9);
+    else if (n >= 1e6)
+        snprintf(buf, len, "%.2fM", n / 1e6);
+    else if (n >= 1e3)
+        snprintf(buf, len, "%.1fK", n / 1e3);
+    else
+        snprintf(buf, len, "%.0f", n);
+}
+
+/* What the run will do: model size, FLOPs, memory, plugins (llm.c prints this too). */
+int train_print_header(rank_ctx *c, k3rt_error *err)
+{
+    run *r = c->r;
+    model *m = &c->m;
+    int64_t total, active;
+    model_param_counts(m, &total, &active);
+    double f, b;
+    K3RT_TRY(model_flops(m, r->B, r->T, &f, &b, err));
+    char t[32], a[32], fl[32];
+    human((double)total, t, sizeof t);
+    human((double)active, a, sizeof a);
+    human((f + b) / (double)(r->B * r->T), fl, sizeof fl);
+    log_info("k3rt %s | %s | %d layers, d_model %lld, vocab %lld | %s parameters (%s active "
+             "per token) | %s FLOPs/token (fwd+bwd)", k3rt_version_string(),
+             recipe_path(r->rec), m->n_layers, (long long)m->d, (long long)m->vocab, t, a, fl);
+    char pattern[256] = "";
+    for (int i = 0; i < m->n_layers && i < 255; i++)
+        pattern[i] = m->layers[i].mixer_letter;
+    log_info("layers: pattern %s | mixers %s | ffn %s | residual %s | balancer %s | optimizer "
+             "%s", pattern, m->mods[m->layers[0].mixer].r.e->desc.name,
+             m->mods[m->layers[m->n_layers - 1].ffn].r.e->desc.name,
+             m->mods[m->residual].r.e->desc.name,
+             json_string_value(json_object_get(r->balancer, "plugin")), c->opt.e->desc.name);
+    if (r->device != K3RT_DEVICE_CPU)
+        log_info("device: cuda:%d %s, compute %s%s, peak %s", r->device, r->device_name,
+                 k3rt_dtype_name(m->opt.dtype), m->compute_buf ? " (fp32 master weights and "
+                 "gradients)" : "", r->peak_flops > 0 ? "known (MFU shown)" :
+                 "unknown: set plan.peak_tflops for MFU");
+    log_info("plan: %s, %d rank%s x %d thread%s, micro-batch %lld x %lld tokens, grad accum "
+             "%lld, %lld steps, %lld train / %lld validation tokens, activations %.1f MiB",
+             r->device == K3RT_DEVICE_CPU ? "cpu" : "cuda", r->dp, r->dp > 1 ? "s" : "",
+             r->threads_per_rank, r->threads_per_rank > 1 ? "s" : "",
+             (long long)r->B, (long long)r->T, (long long)r->accum, (long long)r->steps,
+             (long long)r->train.n, (long long)r->val.n, (double)m->act_bytes / (1 << 20));
+    return K3RT_OK;
+}
 
 /* Load statistics of one MoE layer from the tokens each expert received this step. */
 static json_t *layer_load(const int64_t *counts, int experts, int top_k, double *maxvio)
@@ -112,4 +165,30 @@ int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
     c->interval_tokens = 0;
     c->interval_t0 = now;
     return K3RT_OK;
+}
+
+int loss_series_add(loss_series *s, double x, double y, k3rt_error *err)
+{
+    if (s->n == s->cap) {
+        int64_t cap = s->cap ? s->cap * 2 : 256;
+        double *nx = realloc(s->x, (size_t)cap * sizeof *nx);
+        if (!nx)
+            return k3rt_fail(err, K3RT_ERR_NOMEM, "loss history: out of memory");
+        s->x = nx;
+        double *ny = realloc(s->y, (size_t)cap * sizeof *ny);
+        if (!ny)
+            return k3rt_fail(err, K3RT_ERR_NOMEM, "loss history: out of memory");
+        s->y = ny;
+        s->cap = cap;
+    }
+    s->x[s->n] = x;
+    s->y[s->n] = y;
+    s->n++;
+    return K3RT_OK;
+}
+
+void loss_history_free(loss_history *h)
+{
+    free(h->train.x), free(h->train.y), free(h->val.x), free(h->val.y);
+    memset(h, 0, sizeof *h);
 }

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "train/checkpoint.h"
+#include "train/ckpt_dir.h"
 #include "train/ckpt_manifest.h"
 #include "train/ckpt_verify.h"
 #include "train/train_internal.h"

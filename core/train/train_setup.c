@@ -6,7 +6,7 @@
 
 #include "backend/backend.h"
 #include "comm/comm_impl.h"
-#include "train/checkpoint.h"
+#include "train/ckpt_dir.h"
 #include "train/peak.h"
 #include "train/train_internal.h"
 #include "util/checked.h"

@@ -1,60 +1,10 @@
-/* `k3rt train`: setup, the data-parallel ranks as threads, the plan printout (train_main). */
+/* `k3rt train`: setup, the data-parallel ranks as threads, the dry run (train_main). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "train/train_internal.h"
 #include "util/log.h"
-
-static void human(double n, char *buf, size_t len)
-{
-    if (n >= 1e9)
-        snprintf(buf, len, "%.2fB", n / 1e9);
-    else if (n >= 1e6)
-        snprintf(buf, len, "%.2fM", n / 1e6);
-    else if (n >= 1e3)
-        snprintf(buf, len, "%.1fK", n / 1e3);
-    else
-        snprintf(buf, len, "%.0f", n);
-}
-
-/* What the run will do: model size, FLOPs, memory, plugins (llm.c prints this too). */
-static int print_header(rank_ctx *c, k3rt_error *err)
-{
-    run *r = c->r;
-    model *m = &c->m;
-    int64_t total, active;
-    model_param_counts(m, &total, &active);
-    double f, b;
-    K3RT_TRY(model_flops(m, r->B, r->T, &f, &b, err));
-    char t[32], a[32], fl[32];
-    human((double)total, t, sizeof t);
-    human((double)active, a, sizeof a);
-    human((f + b) / (double)(r->B * r->T), fl, sizeof fl);
-    log_info("k3rt %s | %s | %d layers, d_model %lld, vocab %lld | %s parameters (%s active "
-             "per token) | %s FLOPs/token (fwd+bwd)", k3rt_version_string(),
-             recipe_path(r->rec), m->n_layers, (long long)m->d, (long long)m->vocab, t, a, fl);
-    char pattern[256] = "";
-    for (int i = 0; i < m->n_layers && i < 255; i++)
-        pattern[i] = m->layers[i].mixer_letter;
-    log_info("layers: pattern %s | mixers %s | ffn %s | residual %s | balancer %s | optimizer "
-             "%s", pattern, m->mods[m->layers[0].mixer].r.e->desc.name,
-             m->mods[m->layers[m->n_layers - 1].ffn].r.e->desc.name,
-             m->mods[m->residual].r.e->desc.name,
-             json_string_value(json_object_get(r->balancer, "plugin")), c->opt.e->desc.name);
-    if (r->device != K3RT_DEVICE_CPU)
-        log_info("device: cuda:%d %s, compute %s%s, peak %s", r->device, r->device_name,
-                 k3rt_dtype_name(m->opt.dtype), m->compute_buf ? " (fp32 master weights and "
-                 "gradients)" : "", r->peak_flops > 0 ? "known (MFU shown)" :
-                 "unknown: set plan.peak_tflops for MFU");
-    log_info("plan: %s, %d rank%s x %d thread%s, micro-batch %lld x %lld tokens, grad accum "
-             "%lld, %lld steps, %lld train / %lld validation tokens, activations %.1f MiB",
-             r->device == K3RT_DEVICE_CPU ? "cpu" : "cuda", r->dp, r->dp > 1 ? "s" : "",
-             r->threads_per_rank, r->threads_per_rank > 1 ? "s" : "",
-             (long long)r->B, (long long)r->T, (long long)r->accum, (long long)r->steps,
-             (long long)r->train.n, (long long)r->val.n, (double)m->act_bytes / (1 << 20));
-    return K3RT_OK;
-}
 
 static int dry_run(rank_ctx *c, k3rt_error *err)
 {
@@ -130,7 +80,7 @@ int train_main(const train_options *o, train_result *result, k3rt_error *err)
         c.r = r;
         rc = rank_build(&c, err);
         if (!rc)
-            rc = print_header(&c, err);
+            rc = train_print_header(&c, err);
         if (!rc)
             rc = dry_run(&c, err);
         rank_free(&c);
@@ -144,5 +94,3 @@ int train_main(const train_options *o, train_result *result, k3rt_error *err)
     free(r);
     return rc;
 }
-
-int train_print_header(rank_ctx *c, k3rt_error *err) { return print_header(c, err); }

@@ -1,7 +1,9 @@
 /* `k3rt train`: builds the model of a recipe on every data-parallel rank, runs the training
  * loop (micro-batches, gradient accumulation, all-reduce, clipping, schedule, optimizer,
- * balancers, evaluation, checkpoints, the on_step hook) and, at the end, writes the loss plot
- * and a text sample. */
+ * balancers, evaluation, checkpoints, the on_step hook) and, at the end, writes a text
+ * sample. Charts (the loss curve, the depth-weight heat map) are drawn by whoever drives the
+ * run, through train_charts: the k3rt command installs core/plot's writers; the engine draws
+ * nothing itself. */
 #ifndef K3RT_TRAINER_H
 #define K3RT_TRAINER_H
 
@@ -9,6 +11,38 @@
 #include <k3rt/errors.h>
 
 #include "plugin/named.h"
+
+/* The losses of a run (rank 0): training loss per step, validation loss per evaluation. */
+typedef struct loss_series {
+    double *x, *y;
+    int64_t n, cap;
+} loss_series;
+
+typedef struct loss_history {
+    loss_series train, val;
+} loss_history;
+
+/* A matrix statistic of the run for a heat map: rows x cols, row-major, labelled; lo..hi is
+ * its colour range. */
+typedef struct train_matrix {
+    const char *title, *row_title, *col_title;
+    const double *values;
+    int rows, cols;
+    const char *const *row_labels, *const *col_labels;
+    double lo, hi;
+} train_matrix;
+
+/* Charts a run writes into its output folder, at the paths given; a NULL function: that chart
+ * is not drawn. Called on rank 0 only; a failure stops the run with its message. */
+typedef struct train_charts {
+    void *user;
+    /* at the end of the run: loss.svg */
+    int (*loss)(void *user, const char *path, const char *title, const loss_history *h,
+                k3rt_error *err);
+    /* at every evaluation, when the residual reports "depth_weights": depth_weights.svg */
+    int (*depth_weights)(void *user, const char *path, const train_matrix *m,
+                         k3rt_error *err);
+} train_charts;
 
 typedef struct train_options {
     const char *recipe_path;
@@ -21,6 +55,7 @@ typedef struct train_options {
     int dry_run;                    /* print the plan (parameters, rules, memory) and stop */
     int quiet;                      /* no progress lines */
     int no_sample;                  /* skip the final sample (tests) */
+    const train_charts *charts;     /* NULL: no charts */
     int64_t stop_after;             /* > 0: checkpoint and stop after this step, as an
                                        interrupted job would (the schedule still spans
                                        train.steps) */

@@ -3,10 +3,10 @@
  * FLOPs are each algorithm's own count (kda_core_flops), so GFLOP/s compares how well each uses
  * the machine and tokens/s compares the algorithms.
  *
- *   bench_kda_cpu [--threads N] [--batch B] [--heads H] [--dk K] [--dv V] [--chunk C]
+ *   bench_kda_cpu [--threads N] [--batch B] [--heads H] [--dim_k K] [--dim_v V] [--chunk C]
  *                 [--tmax T] [--f64] [--layer] [--only chunked|recurrent] [--cpu-time]
  *
- * --layer times the whole layer (projections, conv, gates, norm) at d_model = heads * dk.
+ * --layer times the whole layer (projections, conv, gates, norm) at d_model = heads * dim_k.
  * --cpu-time measures the process's CPU time instead of wall time: on a shared machine it is
  * the steadier basis for comparing variants (tokens per CPU-second; with N threads it sums
  * theirs, so compare at --threads 1).
@@ -22,12 +22,11 @@
 
 #include "plugin.c"
 #include "layout.c"
-#include "cpu_f32.c"
-#include "cpu_f64.c"
+#include "cpu.c"
 
 typedef struct bench_cfg {
     int threads, f64, layer, only; /* only: -1 both, else KDA_CHUNKED / KDA_RECURRENT */
-    int64_t B, H, dk, dv, C, tmax;
+    int64_t B, H, dim_k, dim_v, C, tmax;
 } bench_cfg;
 
 static int g_cpu_time;
@@ -72,11 +71,13 @@ static void fill(void *x, int f64, int64_t n, double scale, double shift, k3rt_r
 static void time_core(const bench_cfg *bc, k3rt_stream *s, int alg, int64_t T, double *t_fwd,
                       double *t_all)
 {
-    kda_dims d = {bc->B, T, bc->H, bc->H, bc->dk, bc->dv, bc->C, 1.0 / sqrt((double)bc->dk)};
+    kda_dims d = {bc->B, T, bc->H, bc->H, bc->dim_k, bc->dim_v, bc->C,
+                  1.0 / sqrt((double)bc->dim_k)};
     int f64 = bc->f64;
     size_t es = f64 ? 8 : 4;
-    int64_t nq = d.B * T * d.H * d.dk, nv = d.B * T * d.HV * d.dv, nb = d.B * T * d.HV;
-    int64_t nst = d.B * d.HV * kda_chunks(T, d.C) * d.dk * d.dv, ns = d.B * d.HV * d.dk * d.dv;
+    int64_t nq = d.B * T * d.H * d.dim_k, nv = d.B * T * d.HV * d.dim_v, nb = d.B * T * d.HV;
+    int64_t nst = d.B * d.HV * kda_chunks(T, d.C) * d.dim_k * d.dim_v,
+        ns = d.B * d.HV * d.dim_k * d.dim_v;
     int64_t wn = f64 ? kda_core_ws_elems_f64(&d, bc->threads) : kda_core_ws_elems_f32(&d, bc->threads);
     void *q = xcalloc((size_t)nq, es), *k = xcalloc((size_t)nq, es), *v = xcalloc((size_t)nv, es);
     void *g = xcalloc((size_t)nq, es), *be = xcalloc((size_t)nb, es), *o = xcalloc((size_t)nv, es);
@@ -86,8 +87,8 @@ static void time_core(const bench_cfg *bc, k3rt_stream *s, int alg, int64_t T, d
     void *ds0 = xcalloc((size_t)ns, es);
     k3rt_rng rng;
     k3rt_rng_seed(&rng, 1, 1);
-    fill(q, f64, nq, 1 / sqrt((double)d.dk), 0, &rng);
-    fill(k, f64, nq, 1 / sqrt((double)d.dk), 0, &rng);
+    fill(q, f64, nq, 1 / sqrt((double)d.dim_k), 0, &rng);
+    fill(k, f64, nq, 1 / sqrt((double)d.dim_k), 0, &rng);
     fill(v, f64, nv, 1, 0, &rng);
     fill(g, f64, nq, 0.02, -0.05, &rng); /* retention ~0.95 per step */
     fill(be, f64, nb, 0.1, 0.5, &rng);
@@ -123,9 +124,9 @@ static void time_layer(const bench_cfg *bc, k3rt_stream *s, int alg, int64_t T, 
 {
     char cfg[256];
     snprintf(cfg, sizeof cfg,
-             "{\"heads\": %lld, \"head_dim_k\": %lld, \"head_dim_v\": %lld, \"chunk_size\": "
-             "%lld, \"algorithm\": \"%s\"}", (long long)bc->H, (long long)bc->dk,
-             (long long)bc->dv, (long long)bc->C, alg ? "chunked" : "recurrent");
+             "{\"heads\": %lld, \"head_dk\": %lld, \"head_dv\": %lld, \"chunk_size\": "
+             "%lld, \"algorithm\": \"%s\"}", (long long)bc->H, (long long)bc->dim_k,
+             (long long)bc->dim_v, (long long)bc->C, alg ? "chunked" : "recurrent");
     json_t *c = json_loads(cfg, 0, NULL);
     k3rt_error err;
     CHECK(options_apply(kda_options, KDA_N_OPTIONS, sizeof(k3rt_option), c, "bench", &err));
@@ -135,7 +136,7 @@ static void time_layer(const bench_cfg *bc, k3rt_stream *s, int alg, int64_t T, 
     a.config = config_of(c);
     a.dtype = bc->f64 ? K3RT_F64 : K3RT_F32;
     a.device = K3RT_DEVICE_CPU;
-    a.d_model = bc->H * bc->dk;
+    a.d_model = bc->H * bc->dim_k;
     a.stream = s;
     void *self;
     CHECK(kda_create(&a, &self, &err));
@@ -217,9 +218,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--heads"))
             bc.H = arg_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--dk"))
-            bc.dk = arg_int(argc, argv, &i);
+            bc.dim_k = arg_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--dv"))
-            bc.dv = arg_int(argc, argv, &i);
+            bc.dim_v = arg_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--chunk"))
             bc.C = arg_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--tmax"))
@@ -250,7 +251,7 @@ int main(int argc, char **argv)
     k3rt_stream_set_threads(s, bc.threads);
     printf("KDA %s on the CPU: batch %lld, heads %lld, dk %lld, dv %lld, chunk %lld, %d threads, "
            "%s, %s time\n", bc.layer ? "layer" : "recurrence", (long long)bc.B, (long long)bc.H,
-           (long long)bc.dk, (long long)bc.dv, (long long)bc.C, bc.threads,
+           (long long)bc.dim_k, (long long)bc.dim_v, (long long)bc.C, bc.threads,
            bc.f64 ? "f64" : "f32", g_cpu_time ? "CPU" : "wall");
     printf("| T | algorithm | fwd tokens/s | fwd GFLOP/s | fwd+bwd tokens/s | fwd+bwd GFLOP/s |\n");
     printf("|---|---|---|---|---|---|\n");
@@ -262,7 +263,7 @@ int main(int argc, char **argv)
             if (bc.layer) {
                 time_layer(&bc, s, alg, T, &tf, &ta, &ff, &fa);
             } else {
-                kda_dims d = {bc.B, T, bc.H, bc.H, bc.dk, bc.dv, bc.C, 0};
+                kda_dims d = {bc.B, T, bc.H, bc.H, bc.dim_k, bc.dim_v, bc.C, 0};
                 double cb;
                 kda_core_flops(&d, alg, &ff, &cb);
                 fa = ff + cb;

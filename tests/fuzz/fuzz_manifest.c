@@ -7,7 +7,7 @@
 
 #include "fuzz.h"
 #include "plugin/registry.h"
-#include "train/checkpoint.h"
+#include "train/ckpt_dir.h"
 #include "train/ckpt_manifest.h"
 #include "train/ckpt_verify.h"
 #include "train/safetensors.h"

@@ -19,8 +19,7 @@
 #include "testutil/testutil.h"
 
 #include "../../plugins/attention/kda/layout.c"
-#include "../../plugins/attention/kda/cpu_f32.c"
-#include "../../plugins/attention/kda/cpu_f64.c"
+#include "../../plugins/attention/kda/cpu.c"
 #ifdef K3RT_HAVE_CUDA
 #include "../../plugins/attention/kda/cuda/kda_cuda.h"
 #endif

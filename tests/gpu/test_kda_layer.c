@@ -457,7 +457,7 @@ static void documents_case(const lcase *c)
             expect_close_abs(what, ctx, o.dxp, packed.dxp + row * W1 * d, W1 * d, 1e-10);
         }
         if (last && c->summary) {
-            const int64_t nm = HVD; /* dk = dv */
+            const int64_t nm = HVD; /* dim_k = dim_v */
             double *m = o.sm;
             if (!first)
                 memset(m, 0, (size_t)nm * sizeof *m);
@@ -703,7 +703,7 @@ START_TEST(cuda_refuses)
         const char *json, *frag;
     } bad[] = {
         {"{\"lower_bound\": null}", "lower_bound"},
-        {"{\"head_dim_k\": 64, \"head_dim_v\": 32}", "head_dim_v"},
+        {"{\"head_dk\": 64, \"head_dv\": 32}", "head_dv"},
         {"{\"head_dim\": 48}", "head_dim = 48"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -10,7 +10,7 @@
 
 #include "testutil/testutil.h"
 #include "plugin/rig.h"
-#include "plugin/fdcheck.h"
+#include "check/fdcheck.h"
 #include "plugin/registry.h"
 #include "plugins/attnres_ref.h"
 

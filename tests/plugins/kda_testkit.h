@@ -10,13 +10,12 @@
 
 #include "testutil/testutil.h"
 #include "plugin/rig.h"
-#include "plugin/fdcheck.h"
+#include "check/fdcheck.h"
 #include "plugin/registry.h"
 
 #include "../../plugins/attention/kda/plugin.c"
 #include "../../plugins/attention/kda/layout.c"
-#include "../../plugins/attention/kda/cpu_f32.c"
-#include "../../plugins/attention/kda/cpu_f64.c"
+#include "../../plugins/attention/kda/cpu.c"
 
 static inline void kt_randn(double *x, int64_t n, double scale, k3rt_rng *rng)
 {
@@ -75,9 +74,10 @@ static inline void kt_core_make(kt_core *c, kda_dims d, uint64_t seed, double g_
 {
     memset(c, 0, sizeof *c);
     c->d = d;
-    c->nq = d.B * d.T * d.H * d.dk, c->nv = d.B * d.T * d.HV * d.dv;
-    c->ng = d.B * d.T * d.HV * d.dk, c->nb = d.B * d.T * d.HV, c->ns = d.B * d.HV * d.dk * d.dv;
-    c->nst = d.B * d.HV * kda_chunks(d.T, d.C) * d.dk * d.dv;
+    c->nq = d.B * d.T * d.H * d.dim_k, c->nv = d.B * d.T * d.HV * d.dim_v;
+    c->ng = d.B * d.T * d.HV * d.dim_k, c->nb = d.B * d.T * d.HV,
+        c->ns = d.B * d.HV * d.dim_k * d.dim_v;
+    c->nst = d.B * d.HV * kda_chunks(d.T, d.C) * d.dim_k * d.dim_v;
     c->q = kt_alloc(c->nq), c->k = kt_alloc(c->nq), c->v = kt_alloc(c->nv);
     c->g = kt_alloc(c->ng), c->beta = kt_alloc(c->nb), c->s0 = kt_alloc(c->ns);
     c->dO = kt_alloc(c->nv), c->dsT = kt_alloc(c->ns);
@@ -90,11 +90,11 @@ static inline void kt_core_make(kt_core *c, kda_dims d, uint64_t seed, double g_
     k3rt_rng_seed(&rng, seed, 0xc03e);
     kt_randn(c->q, c->nq, 1, &rng);
     kt_randn(c->k, c->nq, 1, &rng);
-    for (int64_t r = 0; r < c->nq / d.dk; r++) {
-        double nq = sqrt(kt_dot(c->q + r * d.dk, c->q + r * d.dk, d.dk));
-        double nk = sqrt(kt_dot(c->k + r * d.dk, c->k + r * d.dk, d.dk));
-        for (int64_t j = 0; j < d.dk; j++)
-            c->q[r * d.dk + j] /= nq, c->k[r * d.dk + j] /= nk;
+    for (int64_t r = 0; r < c->nq / d.dim_k; r++) {
+        double nq = sqrt(kt_dot(c->q + r * d.dim_k, c->q + r * d.dim_k, d.dim_k));
+        double nk = sqrt(kt_dot(c->k + r * d.dim_k, c->k + r * d.dim_k, d.dim_k));
+        for (int64_t j = 0; j < d.dim_k; j++)
+            c->q[r * d.dim_k + j] /= nq, c->k[r * d.dim_k + j] /= nk;
     }
     kt_randn(c->v, c->nv, 1, &rng);
     for (int64_t i = 0; i < c->ng; i++)
@@ -252,7 +252,7 @@ static inline k3rt_fwd_args kt_fwd_args(kt_layer *L, double *x, double *y)
 static inline k3rt_tensor kt_state(kt_layer *L, double *data)
 {
     return k3rt_tensor_view(data, K3RT_F64, K3RT_DEVICE_CPU, 4, L->B, ((kda *)L->m.self)->HV,
-                            ((kda *)L->m.self)->dk, ((kda *)L->m.self)->dv);
+                            ((kda *)L->m.self)->dim_k, ((kda *)L->m.self)->dim_v);
 }
 
 static inline void kt_layer_fwd(kt_layer *L, double *x, double *y, double *s_in, double *s_out)

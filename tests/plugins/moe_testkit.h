@@ -10,7 +10,7 @@
 
 #include "testutil/testutil.h"
 #include "plugin/rig.h"
-#include "plugin/fdcheck.h"
+#include "check/fdcheck.h"
 #include "plugin/registry.h"
 
 enum { MH_MAX_PARAMS = 10 };

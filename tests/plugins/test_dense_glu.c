@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "plugin/rig.h"
-#include "plugin/fdcheck.h"
+#include "check/fdcheck.h"
 #include "plugin/registry.h"
 
 static const plugin_entry *plugin(void) { return tu_plugin("dense_glu"); }

@@ -3,9 +3,9 @@
  * initial state), FLOP count, causality, the lower bound and the softplus gate. */
 #include "kda_testkit.h"
 
-/* GVA (4 value heads on 2 qk heads), dk != dv, low-rank gates, T = 11 with chunk 4 */
-static const char *CFG_GVA = "{\"heads\": 2, \"value_heads\": 4, \"head_dim_k\": 6, "
-                             "\"head_dim_v\": 5, \"forget_rank\": 3, \"gate_rank\": 3, "
+/* GVA (4 value heads on 2 qk heads), dim_k != dim_v, low-rank gates, T = 11 with chunk 4 */
+static const char *CFG_GVA = "{\"heads\": 2, \"value_heads\": 4, \"head_dk\": 6, "
+                             "\"head_dv\": 5, \"forget_rank\": 3, \"gate_rank\": 3, "
                              "\"chunk_size\": 4, \"init_std\": 0.3}";
 
 START_TEST(test_descriptor)
@@ -139,7 +139,7 @@ START_TEST(test_init)
                 ck_assert_double_eq(al[h], 0.0);
             else
                 ck_assert(al[h] >= 0 && al[h] <= log(16.0));
-        for (int64_t i = 0; i < m->HV * m->dk; i++) {
+        for (int64_t i = 0; i < m->HV * m->dim_k; i++) {
             double dt = log1p(exp(db[i]));
             ck_assert_msg(dt >= 1e-3 * (1 - 1e-9) && dt <= 1e-1 * (1 + 1e-9), "dt %g", dt);
         }
@@ -170,7 +170,7 @@ END_TEST
 
 START_TEST(test_fd_layer_recurrent)
 {
-    fd_layer("{\"heads\": 2, \"value_heads\": 4, \"head_dim_k\": 6, \"head_dim_v\": 5, "
+    fd_layer("{\"heads\": 2, \"value_heads\": 4, \"head_dk\": 6, \"head_dv\": 5, "
              "\"forget_rank\": 3, \"gate_rank\": 3, \"chunk_size\": 4, \"algorithm\": "
              "\"recurrent\", \"init_std\": 0.3}", 11, 1e-6);
 }
@@ -185,7 +185,7 @@ END_TEST
 
 START_TEST(test_fd_layer_one_chunk)
 {
-    fd_layer("{\"heads\": 1, \"head_dim_k\": 3, \"head_dim_v\": 7, \"conv_width\": 1, "
+    fd_layer("{\"heads\": 1, \"head_dk\": 3, \"head_dv\": 7, \"conv_width\": 1, "
              "\"lower_bound\": -2.5, \"init_std\": 0.3}", 6, 1e-6);
     /* two tokens, shorter than the conv */
     fd_layer("{\"heads\": 1, \"value_heads\": 2, \"head_dim\": 3, \"init_std\": 0.3}", 2, 1e-6);
@@ -195,8 +195,8 @@ END_TEST
 /* The count restated from the formula (kda_core_flops documents the per-chunk terms). */
 START_TEST(test_flops)
 {
-    const char *cfgs[] = {CFG_GVA, "{\"heads\": 2, \"value_heads\": 4, \"head_dim_k\": 6, "
-                                   "\"head_dim_v\": 5, \"forget_rank\": 3, \"gate_rank\": 3, "
+    const char *cfgs[] = {CFG_GVA, "{\"heads\": 2, \"value_heads\": 4, \"head_dk\": 6, "
+                                   "\"head_dv\": 5, \"forget_rank\": 3, \"gate_rank\": 3, "
                                    "\"chunk_size\": 4, \"algorithm\": \"recurrent\"}"};
     for (int c = 0; c < 2; c++) {
         kt_layer L;
@@ -204,7 +204,7 @@ START_TEST(test_flops)
         k3rt_flops f;
         k3rt_error err;
         TU_OK(rig_flops(&L.m, 2, 11, &f, &err), err);
-        double N = 22, d = 16, Dk = 12, Dv = 20, Dg = 24, HV = 4, dk = 6, dv = 5;
+        double N = 22, d = 16, Dk = 12, Dv = 20, Dg = 24, HV = 4, dim_k = 6, dim_v = 5;
         double proj = d * (2 * Dk + Dv) + (d * 3 + 3 * Dg) + d * HV + (d * 3 + 3 * Dv) + Dv * d;
         double conv = 4 * (2 * Dk + Dv), heads = 2 * HV;
         double cf = 0, cb = 0;
@@ -212,11 +212,11 @@ START_TEST(test_flops)
             double chunks[] = {4, 4, 3};
             for (int i = 0; i < 3; i++) {
                 double n = chunks[i];
-                cf += 2 * n * n * (dk + dv) + 6 * n * dk * dv;
-                cb += 6 * n * n * dk + 5 * n * n * dv + 14 * n * dk * dv;
+                cf += 2 * n * n * (dim_k + dim_v) + 6 * n * dim_k * dim_v;
+                cb += 6 * n * n * dim_k + 5 * n * n * dim_v + 14 * n * dim_k * dim_v;
             }
         } else {
-            cf = 7 * 11 * dk * dv, cb = 23 * 11 * dk * dv;
+            cf = 7 * 11 * dim_k * dim_v, cb = 23 * 11 * dim_k * dim_v;
         }
         ck_assert_double_eq_tol(f.forward, 2 * N * (proj + conv) + heads * cf, 1e-6);
         ck_assert_double_eq_tol(f.backward, 4 * N * (proj + conv) + heads * cb, 1e-6);
@@ -278,14 +278,14 @@ START_TEST(test_lower_bound)
         double *al = L.p[m->slot[KDA_ALOG]].data, *db = L.p[m->slot[KDA_DTB]].data;
         for (int64_t h = 0; h < m->HV; h++)
             al[h] = 2.0;
-        for (int64_t i = 0; i < m->HV * m->dk; i++) /* drive half the channels to the bound */
+        for (int64_t i = 0; i < m->HV * m->dim_k; i++) /* drive half the channels to the bound */
             db[i] = i % 2 ? 40.0 : -40.0;
         kt_layer_fwd(&L, x, y, NULL, NULL);
         kda_layout l;
         kda_layout_make(m, B, T, m->slots, &l);
         const double *g = (const double *)L.m.saved[0] + l.g;
         double lo = 0, hi = -1e300;
-        for (int64_t i = 0; i < B * T * m->HV * m->dk; i++) {
+        for (int64_t i = 0; i < B * T * m->HV * m->dim_k; i++) {
             lo = fmin(lo, g[i]);
             hi = fmax(hi, g[i]);
         }
@@ -320,8 +320,8 @@ START_TEST(test_softplus_gate)
     const double *g = (const double *)L.m.saved[0] + l.g, *z = (const double *)L.m.saved[0] + l.z;
     const double *al = L.p[m->slot[KDA_ALOG]].data;
     double lo = 0, err = 0;
-    for (int64_t i = 0; i < B * T * m->HV * m->dk; i++) {
-        double want = -exp(al[(i % (m->HV * m->dk)) / m->dk]) * (fmax(z[i], 0) +
+    for (int64_t i = 0; i < B * T * m->HV * m->dim_k; i++) {
+        double want = -exp(al[(i % (m->HV * m->dim_k)) / m->dim_k]) * (fmax(z[i], 0) +
                                                                  log1p(exp(-fabs(z[i]))));
         err = fmax(err, fabs(g[i] - want) / fmax(1, fabs(want)));
         lo = fmin(lo, g[i]);
@@ -366,7 +366,7 @@ START_TEST(test_f32_layer)
         kt_layer L;
         kt_layer_make(&L, cfgs[c], B, T, d, 12);
         const kda *m = L.m.self;
-        int64_t ns = B * m->HV * m->dk * m->dv;
+        int64_t ns = B * m->HV * m->dim_k * m->dim_v;
         k3rt_rng rng;
         k3rt_rng_seed(&rng, 12, 1);
         double *x = kt_alloc(n), *y = kt_alloc(n), *dy = kt_alloc(n), *dx = kt_alloc(n);

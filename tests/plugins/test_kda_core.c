@@ -5,10 +5,10 @@
 
 #include <time.h>
 
-static kda_dims dims(int64_t B, int64_t T, int64_t H, int64_t HV, int64_t dk, int64_t dv,
+static kda_dims dims(int64_t B, int64_t T, int64_t H, int64_t HV, int64_t dim_k, int64_t dim_v,
                      int64_t C)
 {
-    kda_dims d = {B, T, H, HV, dk, dv, C, 1.0 / sqrt((double)dk)};
+    kda_dims d = {B, T, H, HV, dim_k, dim_v, C, 1.0 / sqrt((double)dim_k)};
     return d;
 }
 
@@ -40,7 +40,7 @@ static double fd_all(kda_dims d, int alg, double g_lo, double g_hi, uint64_t see
 
 START_TEST(test_fd_recurrent)
 {
-    /* GVA (4 value heads on 2 qk heads), dk != dv, T = 19 not a multiple of the chunk 8 */
+    /* GVA (4 value heads on 2 qk heads), dim_k != dim_v, T = 19 not a multiple of the chunk 8 */
     double w = fd_all(dims(2, 19, 2, 4, 6, 5, 8), KDA_RECURRENT, 0.05, 2.0, 11);
     ck_assert_msg(w < 1e-7, "recurrent backward vs finite differences: %.3e", w);
 }
@@ -87,7 +87,7 @@ static double rec_vs_chunked(kda_dims d, double g_lo, double g_hi, uint64_t seed
         worst = fmax(worst, e[i]);
     printf("  f64 recurrent vs chunked T=%lld C=%lld dk=%lld dv=%lld HV/H=%lld/%lld g in "
            "[-%g,-%g]: o %.1e S_T %.1e dq %.1e dk %.1e dv %.1e dg %.1e dbeta %.1e dS0 %.1e\n",
-           (long long)d.T, (long long)d.C, (long long)d.dk, (long long)d.dv, (long long)d.HV,
+           (long long)d.T, (long long)d.C, (long long)d.dim_k, (long long)d.dim_v, (long long)d.HV,
            (long long)d.H, g_hi, g_lo, e[0], e[1], e[3], e[4], e[5], e[6], e[7], e[8]);
     kt_core_free(&r);
     kt_core_free(&c);

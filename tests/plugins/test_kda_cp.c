@@ -31,15 +31,15 @@ static void unslice_add(double *y, const double *x, int64_t B, int64_t T, int64_
 
 /* out[n] = M[n]^T x[n] + add[n] for n heads (the backward fold: dS_in = M^T dS_out + dB) */
 static void mt_apply(const double *M, const double *x, const double *add, double *out, int64_t n,
-                     int64_t dk, int64_t dv)
+                     int64_t dim_k, int64_t dim_v)
 {
     for (int64_t h = 0; h < n; h++)
-        for (int64_t i = 0; i < dk; i++)
-            for (int64_t c = 0; c < dv; c++) {
-                double s = add[(h * dk + i) * dv + c];
-                for (int64_t j = 0; j < dk; j++)
-                    s += M[(h * dk + j) * dk + i] * x[(h * dk + j) * dv + c];
-                out[(h * dk + i) * dv + c] = s;
+        for (int64_t i = 0; i < dim_k; i++)
+            for (int64_t c = 0; c < dim_v; c++) {
+                double s = add[(h * dim_k + i) * dim_v + c];
+                for (int64_t j = 0; j < dim_k; j++)
+                    s += M[(h * dim_k + j) * dim_k + i] * x[(h * dim_k + j) * dim_v + c];
+                out[(h * dim_k + i) * dim_v + c] = s;
             }
 }
 
@@ -52,7 +52,7 @@ START_TEST(test_core_spans)
     kt_core_make(&full, d, 77, 0.05, 1.5);
     kt_core_fwd(&full, KDA_CHUNKED);
     kt_core_bwd(&full, KDA_CHUNKED);
-    int64_t heads = d.B * d.HV, ns = full.ns, nm = heads * d.dk * d.dk;
+    int64_t heads = d.B * d.HV, ns = full.ns, nm = heads * d.dim_k * d.dim_k;
     for (int sp = 0; sp < 3; sp++) {
         int P = (int)SPLITS[sp][0];
         const int64_t *t = SPLITS[sp] + 1;
@@ -68,12 +68,12 @@ START_TEST(test_core_spans)
             kt_core_make(c, di, 1, 0.1, 0.2);
             int64_t T = d.T, a = t[i], b = t[i + 1];
             free(c->q), free(c->k), free(c->v), free(c->g), free(c->beta), free(c->dO);
-            c->q = slice(full.q, d.B, T, d.H * d.dk, a, b);
-            c->k = slice(full.k, d.B, T, d.H * d.dk, a, b);
-            c->v = slice(full.v, d.B, T, d.HV * d.dv, a, b);
-            c->g = slice(full.g, d.B, T, d.HV * d.dk, a, b);
+            c->q = slice(full.q, d.B, T, d.H * d.dim_k, a, b);
+            c->k = slice(full.k, d.B, T, d.H * d.dim_k, a, b);
+            c->v = slice(full.v, d.B, T, d.HV * d.dim_v, a, b);
+            c->g = slice(full.g, d.B, T, d.HV * d.dim_k, a, b);
             c->beta = slice(full.beta, d.B, T, d.HV, a, b);
-            c->dO = slice(full.dO, d.B, T, d.HV * d.dv, a, b);
+            c->dO = slice(full.dO, d.B, T, d.HV * d.dim_v, a, b);
             M[i] = kt_alloc(nm), Bs[i] = kt_alloc(ns);
             TU_OK(kda_core_summary_f64(kt_stream(), &di, c->q, c->k, c->v, c->g, c->beta, M[i],
                                        Bs[i], c->ws, c->ws_n, &err),
@@ -83,9 +83,10 @@ START_TEST(test_core_spans)
         double *Mt = kt_alloc(nm), *Bt = kt_alloc(ns), *sT = kt_alloc(ns), *junk = kt_alloc(nm);
         memcpy(Mt, M[0], (size_t)nm * 8), memcpy(Bt, Bs[0], (size_t)ns * 8);
         for (int i = 1; i < P; i++)
-            TU_OK(kda_compose_f64(kt_stream(), heads, d.dk, d.dv, Mt, Bt, M[i], Bs[i], Mt, Bt,
+            TU_OK(kda_compose_f64(kt_stream(), heads, d.dim_k, d.dim_v, Mt, Bt, M[i], Bs[i], Mt, Bt,
                                   &err), err);
-        TU_OK(kda_compose_f64(kt_stream(), heads, d.dk, d.dv, Mt, full.s0, Mt, Bt, junk, sT, &err),
+        TU_OK(kda_compose_f64(kt_stream(), heads, d.dim_k, d.dim_v, Mt, full.s0, Mt, Bt, junk, sT,
+                              &err),
               err);
         double e_compose = kt_maxrel(full.sT, sT, ns);
         /* forward protocol: S_in(i+1) = M_i S_in(i) + B_i, then each span from its true state
@@ -95,12 +96,12 @@ START_TEST(test_core_spans)
         double e_state = 0;
         for (int i = 0; i < P; i++) {
             s_in[i + 1] = kt_alloc(ns);
-            TU_OK(kda_compose_f64(kt_stream(), heads, d.dk, d.dv, M[i], s_in[i], M[i], Bs[i],
+            TU_OK(kda_compose_f64(kt_stream(), heads, d.dim_k, d.dim_v, M[i], s_in[i], M[i], Bs[i],
                                   junk, s_in[i + 1], &err), err);
             memcpy(span[i].s0, s_in[i], (size_t)ns * 8);
             kt_core_fwd(&span[i], KDA_RECURRENT);
             e_state = fmax(e_state, kt_maxrel(span[i].sT, s_in[i + 1], ns));
-            unslice_add(o, span[i].o, d.B, d.T, d.HV * d.dv, t[i], t[i + 1]);
+            unslice_add(o, span[i].o, d.B, d.T, d.HV * d.dim_v, t[i], t[i + 1]);
         }
         double e_out = kt_maxrel(full.o, o, full.nv);
         double e_final = kt_maxrel(full.sT, span[P - 1].sT, ns);
@@ -116,15 +117,15 @@ START_TEST(test_core_spans)
                                    c->beta, c->states, c->dO, NULL, c->dq, c->dk, c->dv, c->dg,
                                    c->dbeta, dB, c->ws, c->ws_n, &e2), e2);
             dS_end[i] = kt_alloc(ns);
-            mt_apply(M[i], dS_end[i + 1], dB, dS_end[i], heads, d.dk, d.dv);
+            mt_apply(M[i], dS_end[i + 1], dB, dS_end[i], heads, d.dim_k, d.dim_v);
             /* the span's own backward from the true state gradient */
             memcpy(c->dsT, dS_end[i + 1], (size_t)ns * 8);
             kt_core_bwd(c, KDA_CHUNKED);
             e_fold = fmax(e_fold, kt_maxrel(c->ds0, dS_end[i], ns));
-            unslice_add(dq, c->dq, d.B, d.T, d.H * d.dk, t[i], t[i + 1]);
-            unslice_add(dk, c->dk, d.B, d.T, d.H * d.dk, t[i], t[i + 1]);
-            unslice_add(dv, c->dv, d.B, d.T, d.HV * d.dv, t[i], t[i + 1]);
-            unslice_add(dg, c->dg, d.B, d.T, d.HV * d.dk, t[i], t[i + 1]);
+            unslice_add(dq, c->dq, d.B, d.T, d.H * d.dim_k, t[i], t[i + 1]);
+            unslice_add(dk, c->dk, d.B, d.T, d.H * d.dim_k, t[i], t[i + 1]);
+            unslice_add(dv, c->dv, d.B, d.T, d.HV * d.dim_v, t[i], t[i + 1]);
+            unslice_add(dg, c->dg, d.B, d.T, d.HV * d.dim_k, t[i], t[i + 1]);
             unslice_add(db, c->dbeta, d.B, d.T, d.HV, t[i], t[i + 1]);
             free(dB);
         }
@@ -156,8 +157,8 @@ END_TEST
 
 /* ---- the layer ------------------------------------------------------------------------------ */
 
-static const char *CFG = "{\"heads\": 2, \"value_heads\": 4, \"head_dim_k\": 6, "
-                         "\"head_dim_v\": 5, \"forget_rank\": 3, \"chunk_size\": 4, "
+static const char *CFG = "{\"heads\": 2, \"value_heads\": 4, \"head_dk\": 6, "
+                         "\"head_dv\": 5, \"forget_rank\": 3, \"chunk_size\": 4, "
                          "\"init_std\": 0.3, \"conv_width\": %d}";
 
 /* Through the host's rig: cp_summary + cp_compose, then each span's forward from its state. */
@@ -172,8 +173,8 @@ START_TEST(test_vtable_spans)
     k3rt_state_layout lay = L.m.state;  /* state_layout() at B, as the rig read it */
     k3rt_error err;
     int64_t ns = k3rt_tensor_numel(&lay.state), nm = k3rt_tensor_numel(&lay.summary_m);
-    ck_assert_int_eq(ns, B * m->HV * m->dk * m->dv);
-    ck_assert_int_eq(nm, B * m->HV * m->dk * m->dk);
+    ck_assert_int_eq(ns, B * m->HV * m->dim_k * m->dim_v);
+    ck_assert_int_eq(nm, B * m->HV * m->dim_k * m->dim_k);
     ck_assert_int_eq(k3rt_tensor_numel(&lay.summary_b), ns);
     k3rt_rng rng;
     k3rt_rng_seed(&rng, 8, 2);
@@ -225,12 +226,13 @@ START_TEST(test_vtable_spans)
         /* S_T = M_total S_0 + B_total */
         double *pred = kt_alloc(ns);
         for (int64_t h = 0; h < B * m->HV; h++)
-            for (int64_t i = 0; i < m->dk; i++)
-                for (int64_t c = 0; c < m->dv; c++) {
-                    double acc = Bt[(h * m->dk + i) * m->dv + c];
-                    for (int64_t j = 0; j < m->dk; j++)
-                        acc += Mt[(h * m->dk + i) * m->dk + j] * s0[(h * m->dk + j) * m->dv + c];
-                    pred[(h * m->dk + i) * m->dv + c] = acc;
+            for (int64_t i = 0; i < m->dim_k; i++)
+                for (int64_t c = 0; c < m->dim_v; c++) {
+                    double acc = Bt[(h * m->dim_k + i) * m->dim_v + c];
+                    for (int64_t j = 0; j < m->dim_k; j++)
+                        acc += Mt[(h * m->dim_k + i) * m->dim_k + j] *
+                               s0[(h * m->dim_k + j) * m->dim_v + c];
+                    pred[(h * m->dim_k + i) * m->dim_v + c] = acc;
                 }
         double e_y = kt_maxrel(y, yc, n), e_s = kt_maxrel(sT, s, ns), e_c = kt_maxrel(sT, pred, ns);
         printf("  vtable, %d spans: outputs %.1e, final state %.1e, composed summary %.1e, "
@@ -256,7 +258,8 @@ START_TEST(test_layer_halo_spans)
     kt_layer L;
     kt_layer_make(&L, cfg, B, T, d, 9);
     const kda *m = L.m.self;
-    int64_t ns = B * m->HV * m->dk * m->dv, nm = B * m->HV * m->dk * m->dk, heads = B * m->HV;
+    int64_t ns = B * m->HV * m->dim_k * m->dim_v, nm = B * m->HV * m->dim_k * m->dim_k,
+        heads = B * m->HV;
     k3rt_rng rng;
     k3rt_rng_seed(&rng, 9, 3);
     double *x = kt_alloc(n), *y = kt_alloc(n), *dy = kt_alloc(n), *dx = kt_alloc(n);
@@ -303,13 +306,15 @@ START_TEST(test_layer_halo_spans)
             if (i == 0)
                 memcpy(Mt, Mi, (size_t)nm * 8), memcpy(Bt, Bi, (size_t)ns * 8);
             else
-                TU_OK(kda_compose_f64(kt_stream(), heads, m->dk, m->dv, Mt, Bt, Mi, Bi, Mt, Bt,
+                TU_OK(kda_compose_f64(kt_stream(), heads, m->dim_k, m->dim_v, Mt, Bt, Mi, Bi, Mt,
+                                      Bt,
                                       &err), err);
             s_in[i + 1] = kt_alloc(ns);
-            TU_OK(kda_compose_f64(kt_stream(), heads, m->dk, m->dv, Mi, s_in[i], Mi, Bi, junk,
+            TU_OK(kda_compose_f64(kt_stream(), heads, m->dim_k, m->dim_v, Mi, s_in[i], Mi, Bi, junk,
                                   s_in[i + 1], &err), err);
         }
-        TU_OK(kda_compose_f64(kt_stream(), heads, m->dk, m->dv, Mt, s0, Mt, Bt, junk, pred, &err),
+        TU_OK(kda_compose_f64(kt_stream(), heads, m->dim_k, m->dim_v, Mt, s0, Mt, Bt, junk, pred,
+                              &err),
               err);
         double e_sum = kt_maxrel(sT, pred, ns), e_state = kt_maxrel(sT, s_in[P], ns);
         /* backward, last span first: forward again for its saved buffer, then its backward

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "plugin/rig.h"
-#include "plugin/fdcheck.h"
+#include "check/fdcheck.h"
 #include "plugin/registry.h"
 #include "plugin/sinks.h"
 #include "testutil/testutil.h"

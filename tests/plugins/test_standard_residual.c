@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "plugin/rig.h"
-#include "plugin/fdcheck.h"
+#include "check/fdcheck.h"
 #include "plugin/registry.h"
 
 enum { B = 2, T = 3, D = 8, LAYERS = 2, S = 2 * LAYERS, N = B * T * D };

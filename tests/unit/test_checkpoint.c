@@ -4,7 +4,7 @@
 #include <sys/stat.h>
 
 #include "testutil/testutil.h"
-#include "train/checkpoint.h"
+#include "train/ckpt_dir.h"
 #include "util/fs.h"
 
 static char g_root[512];

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "testutil/testutil.h"
-#include "train/heatmap.h"
+#include "plot/heatmap.h"
 #include "util/fs.h"
 
 static char g_dir[512];

@@ -1,4 +1,4 @@
-/* Kimi Delta Attention on CUDA, f32 or bf16: the layer of layer.inc.c (spec §2.1) in the same
+/* Kimi Delta Attention on CUDA, f32 or bf16: the layer of cpu_layer.inc.c (spec §2.1) in the same
  * order, over device buffers. Projections, the per-head output RMSNorm and the beta sigmoid are
  * the shared ops (k3rt/ops.h: cuBLAS / cuBLASLt and k3rt's kernels); the short conv with SiLU and
  * the L2 norm, the forget gate and the output gate are this plugin's kernels
@@ -71,8 +71,8 @@ static void core_shape(const kda *m, int64_t B, int64_t T, int64_t n_docs, kda_c
 {
     memset(c, 0, sizeof *c);
     c->dtype = m->dtype;
-    c->H = m->H, c->HV = m->HV, c->D = m->dk;
-    c->scale = 0; /* dk^-1/2, as the CPU */
+    c->H = m->H, c->HV = m->HV, c->D = m->dim_k;
+    c->scale = 0; /* dim_k^-1/2, as the CPU */
     if (n_docs > 0) {
         c->B = 1, c->T = B * T, c->n_docs = n_docs, c->row_len = T;
     } else {
@@ -83,8 +83,8 @@ static void core_shape(const kda *m, int64_t B, int64_t T, int64_t n_docs, kda_c
 static int layout_make(const kda *m, int64_t B, int64_t T, cu_layout *L, k3rt_error *err)
 {
     memset(L, 0, sizeof *L);
-    const int64_t N = B * T, H = m->H, HV = m->HV, Dk = H * m->dk, Dv = HV * m->dv;
-    const int64_t Dg = HV * m->dk, nh = B * (m->W - 1), Dm = max2(Dk, Dv);
+    const int64_t N = B * T, H = m->H, HV = m->HV, Dk = H * m->dim_k, Dv = HV * m->dim_v;
+    const int64_t Dg = HV * m->dim_k, nh = B * (m->W - 1), Dm = max2(Dk, Dv);
     const int64_t es = (int64_t)k3rt_dtype_size(m->dtype);
     /* the recurrence: the larger of the rows layout and the packed one at the document cap */
     kda_cuda_args rows, packed;
@@ -205,7 +205,7 @@ static int call_open(cu_call *c, const kda *m, k3rt_stream *s, int64_t B, int64_
         c->ds = ds, c->de = de;
     }
     if (c->xh) {
-        const int64_t Dk = m->H * m->dk, Dv = m->HV * m->dv;
+        const int64_t Dk = m->H * m->dim_k, Dv = m->HV * m->dim_v;
         void *hq = c->ws + c->L.hq, *hk = c->ws + c->L.hk, *hv = c->ws + c->L.hv;
         K3RT_TRY(k3rt_linear_fwd(s, c->dt, c->xh, c->P[KDA_Q], NULL, hq, c->nh, m->d, Dk, err));
         K3RT_TRY(k3rt_linear_fwd(s, c->dt, c->xh, c->P[KDA_K], NULL, hk, c->nh, m->d, Dk, err));
@@ -228,23 +228,23 @@ static void core_of(const cu_call *c, kda_cuda_args *a)
     a->workspace = W_(c, c->L.core);
 }
 
-/* Everything before the recurrence (layer.inc.c's layer_prep): qp .. beta. */
+/* Everything before the recurrence (cpu_layer.inc.c's layer_prep): qp .. beta. */
 static int prep(const cu_call *c, k3rt_error *err)
 {
     const kda *m = c->m;
     k3rt_stream *s = c->s;
     const int dt = c->dt;
-    const int64_t N = c->N, d = m->d, H = m->H, HV = m->HV, Dk = H * m->dk, Dv = HV * m->dv;
-    const int64_t Dg = HV * m->dk;
+    const int64_t N = c->N, d = m->d, H = m->H, HV = m->HV, Dk = H * m->dim_k, Dv = HV * m->dim_v;
+    const int64_t Dg = HV * m->dim_k;
     void *const *sv = c->sv;
     K3RT_TRY(k3rt_linear_fwd(s, dt, c->x, c->P[KDA_Q], NULL, sv[P_QP], N, d, Dk, err));
     K3RT_TRY(k3rt_linear_fwd(s, dt, c->x, c->P[KDA_K], NULL, sv[P_KP], N, d, Dk, err));
     K3RT_TRY(k3rt_linear_fwd(s, dt, c->x, c->P[KDA_V], NULL, sv[P_VP], N, d, Dv, err));
-    K3RT_TRY(kda_cu_conv_fwd(c->st, dt, c->B, c->T, H, m->dk, m->W, sv[P_QP], c->hq,
+    K3RT_TRY(kda_cu_conv_fwd(c->st, dt, c->B, c->T, H, m->dim_k, m->W, sv[P_QP], c->hq,
                              c->P[KDA_QCONV], c->ds, 1, sv[P_QN], err));
-    K3RT_TRY(kda_cu_conv_fwd(c->st, dt, c->B, c->T, H, m->dk, m->W, sv[P_KP], c->hk,
+    K3RT_TRY(kda_cu_conv_fwd(c->st, dt, c->B, c->T, H, m->dim_k, m->W, sv[P_KP], c->hk,
                              c->P[KDA_KCONV], c->ds, 1, sv[P_KN], err));
-    K3RT_TRY(kda_cu_conv_fwd(c->st, dt, c->B, c->T, HV, m->dv, m->W, sv[P_VP], c->hv,
+    K3RT_TRY(kda_cu_conv_fwd(c->st, dt, c->B, c->T, HV, m->dim_v, m->W, sv[P_VP], c->hv,
                              c->P[KDA_VCONV], c->ds, 0, sv[P_V], err));
     if (m->rf) {
         K3RT_TRY(k3rt_linear_fwd(s, dt, c->x, c->P[KDA_FA], NULL, sv[P_FA], N, d, m->rf, err));
@@ -253,7 +253,7 @@ static int prep(const cu_call *c, k3rt_error *err)
     } else {
         K3RT_TRY(k3rt_linear_fwd(s, dt, c->x, c->P[KDA_F], NULL, sv[P_ZF], N, d, Dg, err));
     }
-    K3RT_TRY(kda_cu_gate_fwd(c->st, dt, N, HV, m->dk, m->lb, sv[P_ZF], c->P[KDA_ALOG],
+    K3RT_TRY(kda_cu_gate_fwd(c->st, dt, N, HV, m->dim_k, m->lb, sv[P_ZF], c->P[KDA_ALOG],
                              c->P[KDA_DTB], sv[P_G], err));
     K3RT_TRY(k3rt_linear_fwd(s, dt, c->x, c->P[KDA_B], NULL, sv[P_BL], N, d, HV, err));
     return k3rt_act_fwd(s, dt, K3RT_ACT_SIGMOID, sv[P_BL], sv[P_BETA], N * HV, err);
@@ -269,14 +269,14 @@ int kda_gpu_forward(const kda *m, const k3rt_fwd_args *a, k3rt_error *err)
     K3RT_TRY(prep(&c, err));
     k3rt_stream *s = c.s;
     const int dt = c.dt;
-    const int64_t N = c.N, d = m->d, HV = m->HV, Dv = HV * m->dv;
+    const int64_t N = c.N, d = m->d, HV = m->HV, Dv = HV * m->dim_v;
     kda_cuda_args core;
     core_of(&c, &core);
     core.s0 = opt(&a->state_in);
     core.s_final = (float *)opt(&a->state_out);
     K3RT_TRY(kda_cuda_fwd(c.st, &core, err));
     void *on = W_(&c, c.L.on), *yg = W_(&c, c.L.yg);
-    K3RT_TRY(k3rt_rmsnorm_fwd(s, dt, c.sv[P_O], c.P[KDA_NORM], on, c.sv[P_RSTD], N * HV, m->dv,
+    K3RT_TRY(k3rt_rmsnorm_fwd(s, dt, c.sv[P_O], c.P[KDA_NORM], on, c.sv[P_RSTD], N * HV, m->dim_v,
                               m->norm_eps, err));
     if (m->rg) {
         K3RT_TRY(k3rt_linear_fwd(s, dt, c.x, c.P[KDA_GA], NULL, c.sv[P_GA], N, d, m->rg, err));
@@ -337,13 +337,13 @@ int kda_gpu_backward(const kda *m, const k3rt_bwd_args *a, k3rt_error *err)
         G[i] = m->slot[i] >= 0 ? a->grads[m->slot[i]].data : NULL;
     k3rt_stream *s = c.s;
     const int dt = c.dt;
-    const int64_t N = c.N, d = m->d, H = m->H, HV = m->HV, Dv = HV * m->dv, Dg = HV * m->dk;
+    const int64_t N = c.N, d = m->d, H = m->H, HV = m->HV, Dv = HV * m->dim_v, Dg = HV * m->dim_k;
     void *const *sv = c.sv;
     void *on = W_(&c, c.L.on), *yg = W_(&c, c.L.yg), *dyg = W_(&c, c.L.dyg);
     void *don = W_(&c, c.L.don), *dG = W_(&c, c.L.dG), *dlow = W_(&c, c.L.dlow);
     void *dx = a->dx.data;
     /* y = yg Wo^T, yg = RMSNorm(o) ⊙ sigmoid(G) (both recomputed) */
-    K3RT_TRY(k3rt_rmsnorm_fwd(s, dt, sv[P_O], c.P[KDA_NORM], on, NULL, N * HV, m->dv,
+    K3RT_TRY(k3rt_rmsnorm_fwd(s, dt, sv[P_O], c.P[KDA_NORM], on, NULL, N * HV, m->dim_v,
                               m->norm_eps, err));
     K3RT_TRY(kda_cu_ogate_fwd(c.st, dt, N * Dv, on, sv[P_GATE], yg, err));
     K3RT_TRY(k3rt_linear_bwd(s, dt, yg, c.P[KDA_O], a->dy.data, dyg, G[KDA_O], NULL, N, Dv, d, 0,
@@ -360,7 +360,7 @@ int kda_gpu_backward(const kda *m, const k3rt_bwd_args *a, k3rt_error *err)
     }
     void *dO = W_(&c, c.L.dO);
     K3RT_TRY(k3rt_rmsnorm_bwd(s, dt, sv[P_O], c.P[KDA_NORM], sv[P_RSTD], don, dO, G[KDA_NORM],
-                              N * HV, m->dv, 0, err));
+                              N * HV, m->dim_v, 0, err));
     /* the recurrence */
     void *dq = W_(&c, c.L.dq), *dk = W_(&c, c.L.dk), *dv = W_(&c, c.L.dv);
     void *dg = W_(&c, c.L.dg), *dbeta = W_(&c, c.L.dbeta);
@@ -374,7 +374,7 @@ int kda_gpu_backward(const kda *m, const k3rt_bwd_args *a, k3rt_error *err)
     K3RT_TRY(kda_cuda_bwd(c.st, &core, err));
     /* forget gate: dg -> dzf, dA_log, ddt_bias; then its projections */
     void *dzf = W_(&c, c.L.dzf);
-    K3RT_TRY(kda_cu_gate_bwd(c.st, dt, N, HV, m->dk, m->lb, sv[P_ZF], c.P[KDA_ALOG],
+    K3RT_TRY(kda_cu_gate_bwd(c.st, dt, N, HV, m->dim_k, m->lb, sv[P_ZF], c.P[KDA_ALOG],
                              c.P[KDA_DTB], dg, dzf, W_(&c, c.L.part), G[KDA_DTB], G[KDA_ALOG],
                              err));
     if (m->rf) {
@@ -391,9 +391,9 @@ int kda_gpu_backward(const kda *m, const k3rt_bwd_args *a, k3rt_error *err)
     K3RT_TRY(k3rt_act_bwd(s, dt, K3RT_ACT_SIGMOID, sv[P_BL], dbeta, dbl, N * HV, 0, err));
     K3RT_TRY(k3rt_linear_bwd(s, dt, c.x, c.P[KDA_B], dbl, dx, G[KDA_B], NULL, N, d, HV, 1, err));
     /* q, k: L2 norm and SiLU, v: SiLU; then conv and projections */
-    K3RT_TRY(qkv_bwd(&c, a, KDA_Q, KDA_QCONV, P_QP, c.hq, H, m->dk, 1, dq, 1, G, err));
-    K3RT_TRY(qkv_bwd(&c, a, KDA_K, KDA_KCONV, P_KP, c.hk, H, m->dk, 1, dk, 0, G, err));
-    return qkv_bwd(&c, a, KDA_V, KDA_VCONV, P_VP, c.hv, HV, m->dv, 0, dv, 0, G, err);
+    K3RT_TRY(qkv_bwd(&c, a, KDA_Q, KDA_QCONV, P_QP, c.hq, H, m->dim_k, 1, dq, 1, G, err));
+    K3RT_TRY(qkv_bwd(&c, a, KDA_K, KDA_KCONV, P_KP, c.hk, H, m->dim_k, 1, dk, 0, G, err));
+    return qkv_bwd(&c, a, KDA_V, KDA_VCONV, P_VP, c.hv, HV, m->dim_v, 0, dv, 0, G, err);
 }
 
 /* (m, b) = (m2 m1, m2 b1 + b2) over n heads in f32, through the instance's scratch (outputs
@@ -401,7 +401,8 @@ int kda_gpu_backward(const kda *m, const k3rt_bwd_args *a, k3rt_error *err)
 int kda_gpu_compose(kda *m, k3rt_stream *s, int64_t n, const float *m1, const float *b1,
                      const float *m2, const float *b2, float *mo, float *bo, k3rt_error *err)
 {
-    const int64_t dk = m->dk, dv = m->dv, nm = n * dk * dk, nb = n * dk * dv;
+    const int64_t dim_k = m->dim_k, dim_v = m->dim_v, nm = n * dim_k * dim_k,
+        nb = n * dim_k * dim_v;
     const size_t need = (size_t)(nm + nb) * sizeof(float);
     K3RT_TRY(kda_cu_enter(m->device, err));
     if (m->compose_bytes < need) {
@@ -417,10 +418,11 @@ int kda_gpu_compose(kda *m, k3rt_stream *s, int64_t n, const float *m1, const fl
     }
     float *tm = m->compose_ws, *tb = tm + nm;
     K3RT_TRY(k3rt_memcpy(s, tb, m->device, b2, m->device, (size_t)nb * sizeof(float), err));
-    K3RT_TRY(k3rt_gemm_strided_batched(s, K3RT_F32, 0, 0, dk, dk, dk, 1.0, m2, dk, dk * dk, m1,
-                                       dk, dk * dk, 0.0, tm, dk, dk * dk, n, err));
-    K3RT_TRY(k3rt_gemm_strided_batched(s, K3RT_F32, 0, 0, dk, dv, dk, 1.0, m2, dk, dk * dk, b1,
-                                       dv, dk * dv, 1.0, tb, dv, dk * dv, n, err));
+    const int64_t kk = dim_k * dim_k, kv = dim_k * dim_v;
+    K3RT_TRY(k3rt_gemm_strided_batched(s, K3RT_F32, 0, 0, dim_k, dim_k, dim_k, 1.0, m2, dim_k, kk,
+                                       m1, dim_k, kk, 0.0, tm, dim_k, kk, n, err));
+    K3RT_TRY(k3rt_gemm_strided_batched(s, K3RT_F32, 0, 0, dim_k, dim_v, dim_k, 1.0, m2, dim_k, kk,
+                                       b1, dim_v, kv, 1.0, tb, dim_v, kv, n, err));
     K3RT_TRY(k3rt_memcpy(s, mo, m->device, tm, m->device, (size_t)nm * sizeof(float), err));
     return k3rt_memcpy(s, bo, m->device, tb, m->device, (size_t)nb * sizeof(float), err);
 }

@@ -1,15 +1,15 @@
 /* Kimi Delta Attention (KDA): the instance, its parameter slots, the buffer layout and the
- * internal entry points shared by plugin.c, the CPU kernels (*.inc.c, built for float and
- * double by cpu_f32.c / cpu_f64.c), the tests and the CPU benchmark. Math: spec kda_mla.md
+ * internal entry points shared by plugin.c, the CPU reference (cpu.c, built for float and
+ * double), the CUDA path (cuda.c), the tests and the CPU benchmark. Math: spec kda_mla.md
  * §2-§6 (+ ERRATA).
  *
  * Tensor layout of the recurrence ("core"), per sequence b, token t:
- *   q, k  [B, T, H, dk]   L2-normalised queries and keys (H qk heads)
- *   v     [B, T, HV, dv]  values (HV value heads; value head j reads qk head j / (HV / H))
- *   g     [B, T, HV, dk]  log decay per key channel (<= 0)
+ *   q, k  [B, T, H, dim_k]  L2-normalised queries and keys (H qk heads)
+ *   v     [B, T, HV, dim_v]  values (HV value heads; value head j reads qk head j / (HV / H))
+ *   g     [B, T, HV, dim_k]  log decay per key channel (<= 0)
  *   beta  [B, T, HV]      write strength in (0, 1)
- *   S     [B, HV, dk, dv] recurrent state; S_t = (I - b k k^T) Diag(e^g) S_{t-1} + b k v^T
- *   o     [B, T, HV, dv]  o_t = S_t^T (scale q_t),  scale = dk^-1/2
+ *   S     [B, HV, dim_k, dim_v] recurrent state; S_t = (I - b k k^T) Diag(e^g) S_{t-1} + b k v^T
+ *   o     [B, T, HV, dim_v]  o_t = S_t^T (scale q_t),  scale = dim_k^-1/2
  */
 #ifndef K3RT_PLUGIN_KDA_H
 #define K3RT_PLUGIN_KDA_H
@@ -29,30 +29,30 @@ enum { KDA_RECURRENT = 0, KDA_CHUNKED = 1 };
 
 /* Parameter slots, in declaration order; a slot absent from a configuration has index -1. */
 enum {
-    KDA_Q,       /* q_proj.weight    [H*dk, d]      head_matrix, rows by qk head */
-    KDA_K,       /* k_proj.weight    [H*dk, d]      head_matrix, rows by qk head */
-    KDA_V,       /* v_proj.weight    [HV*dv, d]     head_matrix, rows by value head */
-    KDA_QCONV,   /* q_conv1d.weight  [H*dk, W]      conv */
-    KDA_KCONV,   /* k_conv1d.weight  [H*dk, W]      conv */
-    KDA_VCONV,   /* v_conv1d.weight  [HV*dv, W]     conv */
+    KDA_Q,       /* q_proj.weight    [H*dim_k, d]   head_matrix, rows by qk head */
+    KDA_K,       /* k_proj.weight    [H*dim_k, d]   head_matrix, rows by qk head */
+    KDA_V,       /* v_proj.weight    [HV*dim_v, d]  head_matrix, rows by value head */
+    KDA_QCONV,   /* q_conv1d.weight  [H*dim_k, W]   conv */
+    KDA_KCONV,   /* k_conv1d.weight  [H*dim_k, W]   conv */
+    KDA_VCONV,   /* v_conv1d.weight  [HV*dim_v, W]  conv */
     KDA_FA,      /* f_a_proj.weight  [rf, d]        matrix            (forget_rank > 0) */
-    KDA_FB,      /* f_b_proj.weight  [HV*dk, rf]    head_matrix, rows (forget_rank > 0) */
-    KDA_F,       /* f_proj.weight    [HV*dk, d]     head_matrix, rows (forget_rank == 0) */
+    KDA_FB,      /* f_b_proj.weight  [HV*dim_k, rf]  head_matrix, rows (forget_rank > 0) */
+    KDA_F,       /* f_proj.weight    [HV*dim_k, d]  head_matrix, rows (forget_rank == 0) */
     KDA_B,       /* b_proj.weight    [HV, d]        head_matrix, one row per value head */
     KDA_ALOG,    /* A_log            [HV]           vector, no weight decay */
-    KDA_DTB,     /* dt_bias          [HV*dk]        vector, no weight decay */
+    KDA_DTB,     /* dt_bias          [HV*dim_k]     vector, no weight decay */
     KDA_GA,      /* g_a_proj.weight  [rg, d]        matrix            (gate_rank > 0) */
-    KDA_GB,      /* g_b_proj.weight  [HV*dv, rg]    head_matrix, rows (gate_rank > 0) */
-    KDA_G,       /* g_proj.weight    [HV*dv, d]     head_matrix, rows (gate_rank == 0) */
-    KDA_NORM,    /* o_norm.weight    [dv]           norm_gain, shared by the heads */
-    KDA_O,       /* o_proj.weight    [d, HV*dv]     head_matrix, columns by value head */
+    KDA_GB,      /* g_b_proj.weight  [HV*dim_v, rg]  head_matrix, rows (gate_rank > 0) */
+    KDA_G,       /* g_proj.weight    [HV*dim_v, d]  head_matrix, rows (gate_rank == 0) */
+    KDA_NORM,    /* o_norm.weight    [dim_v]        norm_gain, shared by the heads */
+    KDA_O,       /* o_proj.weight    [d, HV*dim_v]  head_matrix, columns by value head */
     KDA_N_SLOTS
 };
 
 typedef struct kda {
     int64_t d;          /* d_model */
     int64_t H, HV;      /* qk heads, value heads (HV % H == 0) */
-    int64_t dk, dv;     /* key and value head widths */
+    int64_t dim_k, dim_v;  /* key and value head widths */
     int64_t W;          /* short-conv width */
     int has_lb;         /* 1: g = lb * sigmoid(e^A_log z); 0: g = -e^A_log softplus(z) */
     double lb;          /* lower bound of g (log retention per step), in [-5, 0) */
@@ -104,13 +104,13 @@ static inline int64_t kda_chunks(int64_t T, int64_t C) { return (T + C - 1) / C;
 
 /* Shapes of one call of the recurrence. */
 typedef struct kda_dims {
-    int64_t B, T, H, HV, dk, dv;
+    int64_t B, T, H, HV, dim_k, dim_v;
     int64_t C;          /* chunk size */
-    double scale;       /* applied to q: dk^-1/2 */
+    double scale;       /* applied to q: dim_k^-1/2 */
 } kda_dims;
 
 /* Elements of the compute dtype, into the saved buffer (forward -> backward) and the
- * workspace. N = B*T tokens, Dk = H*dk, Dv = HV*dv, Dg = HV*dk. */
+ * workspace. N = B*T tokens, Dk = H*dim_k, Dv = HV*dim_v, Dg = HV*dim_k. */
 typedef struct kda_layout {
     /* saved */
     int64_t qp, kp, vp;        /* [N, Dk|Dk|Dv] projections before the conv */
@@ -126,8 +126,8 @@ typedef struct kda_layout {
     int64_t ga;                /* [N, rg]       output gate down-projection (rg > 0) */
     int64_t G;                 /* [N, Dv]       output gate pre-activation */
     int64_t yg;                /* [N, Dv]       o_proj input */
-    int64_t states;            /* [B, HV, NT, dk, dv] state at every chunk start (with
-                                  documents: [HV, NT_j, dk, dv] for each in turn) */
+    int64_t states;            /* [B, HV, NT, dim_k, dim_v] state at every chunk start (with
+                                  documents: [HV, NT_j, dim_k, dim_v] for each in turn) */
     int64_t saved;             /* total */
     /* workspace of forward, backward and cp_summary */
     int64_t on;                /* [N, Dv]       normed core output */
@@ -135,7 +135,7 @@ typedef struct kda_layout {
     int64_t dhalo;             /* [B*(W-1), max(Dk, Dv)] gradient of one of them */
     int64_t d1, d2, d3;        /* [N, Dv] x3    dyg -> do, d(on) -> dv pre-SiLU, dG */
     int64_t dlow;              /* [N, max(rf, rg)] gradients of the low-rank gates */
-    int64_t dq, dk, dvv;       /* [N, Dk|Dk|Dv] gradients of the recurrence inputs */
+    int64_t dq, dk, dv;        /* [N, Dk|Dk|Dv] gradients of the recurrence inputs */
     int64_t dg, dbeta;         /* [N, Dg], [N, HV] */
     int64_t dp;                /* [N, max(Dk, Dv)] gradient of one conv input */
     int64_t dac;               /* [Dg]          per-channel dA_log sums */
@@ -157,7 +157,7 @@ typedef struct kda_io {
     void *y;
     const void *params[KDA_N_SLOTS];
     void *grads[KDA_N_SLOTS];
-    const void *s_in;          /* [B, HV, dk, dv] or NULL (zeros) */
+    const void *s_in;          /* [B, HV, dim_k, dim_v] or NULL (zeros) */
     void *s_out;               /* or NULL */
     const void *dy;
     void *dx, *dx_halo;        /* dx overwritten; dx_halo overwritten when both halos given */
@@ -176,12 +176,12 @@ typedef struct kda_io {
  *                    threads and, with GVA, per-value-head q/k gradients before they are
  *                    summed over the value heads that share a qk head; the same for either dtype.
  * kda_core_fwd       o (and s_final) from q, k, v, g, beta and s0 (NULL: zeros); states
- *                    [B, HV, NT, dk, dv] receives the state at every chunk start.
+ *                    [B, HV, NT, dim_k, dim_v] receives the state at every chunk start.
  * kda_core_bwd       gradients of every input from d_o and ds_final (NULL: zeros), given the
  *                    states of either algorithm's forward; ds0 may be NULL. Overwrites.
- * kda_core_summary   the affine map of the span, m [B, HV, dk, dk], b [B, HV, dk, dv].
+ * kda_core_summary   the affine map of the span, m [B, HV, dim_k, dim_k], b [B, HV, dim_k, dim_v].
  * kda_compose        (m, b) = (m2 m1, m2 b1 + b2) over n heads; outputs may alias inputs.
- * kda_layer_*        the layer (layer.inc.c) on a kda_io. */
+ * kda_layer_*        the layer (cpu_layer.inc.c) on a kda_io. */
 #define KDA_DECLARE(REAL, S)                                                                    \
     int64_t kda_core_ws_elems_##S(const kda_dims *d, int slots);                                \
     int kda_core_fwd_##S(k3rt_stream *s, int algorithm, const kda_dims *d, const REAL *q,       \
@@ -196,7 +196,7 @@ typedef struct kda_io {
     int kda_core_summary_##S(k3rt_stream *s, const kda_dims *d, const REAL *q, const REAL *k,   \
                              const REAL *v, const REAL *g, const REAL *beta, REAL *m, REAL *b,  \
                              REAL *ws, int64_t ws_elems, k3rt_error *err);                      \
-    int kda_compose_##S(k3rt_stream *s, int64_t n, int64_t dk, int64_t dv, const REAL *m1,      \
+    int kda_compose_##S(k3rt_stream *s, int64_t n, int64_t dim_k, int64_t dim_v, const REAL *m1,  \
                         const REAL *b1, const REAL *m2, const REAL *b2, REAL *m, REAL *b,       \
                         k3rt_error *err);                                                       \
     int kda_layer_fwd_##S(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_error *err);     \

@@ -1,6 +1,6 @@
 /* Kimi Delta Attention: descriptor, options, parameters (roles and head layout), init, FLOP and
- * memory counts, and the calls into the CPU kernels (layer.inc.c and the recurrence in
- * recurrent.inc.c / chunked.inc.c / summary.inc.c). Math: spec kda_mla.md §2-§6.
+ * memory counts, and the calls into the CPU reference (cpu.c: the layer, the recurrence, the
+ * context-parallel summaries) or the CUDA path (cuda.c). Math: spec kda_mla.md §2-§6.
  *
  * Parameter names follow Kimi-Linear's modeling code (q_proj, q_conv1d, f_a_proj, f_b_proj,
  * b_proj, A_log, dt_bias, g_a_proj, g_b_proj / K3's g_proj, o_norm, o_proj); conv filters are
@@ -15,9 +15,9 @@
  * row's first document continues from the row's state_in and x_prefix, its last one gives
  * state_out (and the row's summary). Saved memory is planned for max_documents per call.
  *
- * Devices: the CPU in f32 and f64 (the kernels of layer.inc.c and the recurrence), CUDA in f32
- * and bf16 (cuda.c) in a build with CUDA; the CUDA path needs the safe gate and
- * dk = dv in {32, 64, 128}, which create() checks. */
+ * Devices: the CPU in f32 and f64 (cpu.c), CUDA in f32 and bf16 (cuda.c) in a build with
+ * CUDA; the CUDA path needs the safe gate and dim_k = dim_v in {32, 64, 128}, which create()
+ * checks. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,10 +30,10 @@ static const k3rt_option kda_options[] = {
      "value heads HV (GVA: a multiple of heads; gates and beta live on value heads); none "
      "means heads"},
     {"head_dim", K3RT_OPT_INT, 0, "64", 1, 4096, NULL,
-     "width of key and value heads unless head_dim_k / head_dim_v say otherwise"},
-    {"head_dim_k", K3RT_OPT_INT, K3RT_OPT_NULLABLE, "null", 1, 4096, NULL,
+     "width of key and value heads unless head_dk / head_dv say otherwise"},
+    {"head_dk", K3RT_OPT_INT, K3RT_OPT_NULLABLE, "null", 1, 4096, NULL,
      "key/query head width dk; none means head_dim"},
-    {"head_dim_v", K3RT_OPT_INT, K3RT_OPT_NULLABLE, "null", 1, 4096, NULL,
+    {"head_dv", K3RT_OPT_INT, K3RT_OPT_NULLABLE, "null", 1, 4096, NULL,
      "value head width dv; none means head_dim"},
     {"conv_width", K3RT_OPT_INT, 0, "4", 1, 64, NULL,
      "width of the causal depthwise short conv on q, k and v"},
@@ -43,10 +43,10 @@ static const k3rt_option kda_options[] = {
      "Kimi-Linear's unbounded g = -e^A_log softplus(a + dt_bias)"},
     {"forget_rank", K3RT_OPT_INT, K3RT_OPT_NULLABLE, "null", 0, 1 << 20, NULL,
      "rank of the forget-gate projection x -> rank -> HV*dk; 0 is full rank; none means "
-     "head_dim_v (Kimi)"},
+     "head_dv (Kimi)"},
     {"gate_rank", K3RT_OPT_INT, 0, "0", 0, 1 << 20, NULL,
      "rank of the output-gate projection: 0 is K3's full-rank gate, > 0 Kimi-Linear's low-rank "
-     "one (head_dim_v there)"},
+     "one (head_dv there)"},
     {"algorithm", K3RT_OPT_STRING, 0, "\"chunked\"", K3RT_RANGE_ANY, "chunked|recurrent",
      "chunked: WY/UT form within chunks, matrix products (fast); recurrent: token by token "
      "(the reference)"},
@@ -73,7 +73,7 @@ static k3rt_param_decl decl_of(const kda *m, int slot)
     p.init = K3RT_INIT_NORMAL;
     p.init_a = m->init_std;
     p.role = K3RT_ROLE_HEAD_MATRIX; /* rows split by head unless said otherwise */
-    int64_t Dk = m->H * m->dk, Dv = m->HV * m->dv, Dg = m->HV * m->dk;
+    int64_t Dk = m->H * m->dim_k, Dv = m->HV * m->dim_v, Dg = m->HV * m->dim_k;
     switch (slot) {
     case KDA_Q:
     case KDA_K:
@@ -121,7 +121,7 @@ static k3rt_param_decl decl_of(const kda *m, int slot)
         p.name = "g_proj.weight", p.heads = (int32_t)m->HV, p.shape[0] = Dv, p.shape[1] = m->d;
         break;
     case KDA_NORM:
-        p.name = "o_norm.weight", p.role = K3RT_ROLE_NORM_GAIN, p.ndim = 1, p.shape[0] = m->dv;
+        p.name = "o_norm.weight", p.role = K3RT_ROLE_NORM_GAIN, p.ndim = 1, p.shape[0] = m->dim_v;
         p.init = K3RT_INIT_ONES, p.init_a = 0;
         break;
     default: /* KDA_O: columns split by value head */
@@ -208,12 +208,12 @@ static int kda_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     k.H = k3rt_cfg_int(c, "heads");
     k.HV = cfg_int_or(c, "value_heads", k.H);
     int64_t hd = k3rt_cfg_int(c, "head_dim");
-    k.dk = cfg_int_or(c, "head_dim_k", hd);
-    k.dv = cfg_int_or(c, "head_dim_v", hd);
+    k.dim_k = cfg_int_or(c, "head_dk", hd);
+    k.dim_v = cfg_int_or(c, "head_dv", hd);
     k.W = k3rt_cfg_int(c, "conv_width");
     k.has_lb = !k3rt_cfg_is_null(c, "lower_bound");
     k.lb = k.has_lb ? k3rt_cfg_float(c, "lower_bound") : 0;
-    k.rf = cfg_int_or(c, "forget_rank", k.dv);
+    k.rf = cfg_int_or(c, "forget_rank", k.dim_v);
     k.rg = k3rt_cfg_int(c, "gate_rank");
     k.algorithm = strcmp(k3rt_cfg_string(c, "algorithm"), "recurrent") ? KDA_CHUNKED
                                                                        : KDA_RECURRENT;
@@ -241,15 +241,15 @@ static int kda_create(const k3rt_create_args *a, void **self, k3rt_error *err)
             return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
                              "kda: lower_bound = none (the unbounded softplus gate) has no CUDA "
                              "path: on CUDA lower_bound must be in [-5, 0)");
-        if (k.dk != k.dv)
+        if (k.dim_k != k.dim_v)
             return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
-                             "kda: head_dim_k = %lld and head_dim_v = %lld: on CUDA the key and "
+                             "kda: head_dk = %lld and head_dv = %lld: on CUDA the key and "
                              "value head widths must be equal (32, 64 or 128)",
-                             (long long)k.dk, (long long)k.dv);
-        if (k.dk != 32 && k.dk != 64 && k.dk != 128)
+                             (long long)k.dim_k, (long long)k.dim_v);
+        if (k.dim_k != 32 && k.dim_k != 64 && k.dim_k != 128)
             return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
                              "kda: head_dim = %lld has no CUDA path: on CUDA head_dim (dk = dv) "
-                             "must be 32, 64 or 128", (long long)k.dk);
+                             "must be 32, 64 or 128", (long long)k.dim_k);
     }
     kda *m = malloc(sizeof *m);
     if (!m)
@@ -278,12 +278,12 @@ static int kda_flops(void *self, int64_t batch, int64_t seq, k3rt_flops *out)
     if (batch < 0 || seq < 0)
         return K3RT_ERR_INVALID;
     double N = (double)batch * (double)seq, d = (double)m->d, HV = (double)m->HV;
-    double Dk = (double)(m->H * m->dk), Dv = HV * (double)m->dv, Dg = HV * (double)m->dk;
+    double Dk = (double)(m->H * m->dim_k), Dv = HV * (double)m->dim_v, Dg = HV * (double)m->dim_k;
     double rf = (double)m->rf, rg = (double)m->rg;
     double proj = d * (2 * Dk + Dv) + (m->rf ? d * rf + rf * Dg : d * Dg) + d * HV +
                   (m->rg ? d * rg + rg * Dv : d * Dv) + Dv * d;
     double conv = (double)m->W * (2 * Dk + Dv);
-    kda_dims cd = {batch, seq, m->H, m->HV, m->dk, m->dv, m->C, 0};
+    kda_dims cd = {batch, seq, m->H, m->HV, m->dim_k, m->dim_v, m->C, 0};
     double cf, cb;
     kda_core_flops(&cd, m->algorithm, &cf, &cb);
     out->forward = 2 * N * (proj + conv) + cf;
@@ -338,9 +338,11 @@ static int kda_state_layout(void *self, int64_t batch, k3rt_state_layout *out, k
     (void)err;
     const kda *m = self;
     int dt = m->device == K3RT_DEVICE_CPU ? m->dtype : K3RT_F32; /* CUDA: f32 state */
-    out->state = k3rt_tensor_view(NULL, dt, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dv);
-    out->summary_m = k3rt_tensor_view(NULL, dt, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dk);
-    out->summary_b = k3rt_tensor_view(NULL, dt, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dk, m->dv);
+    out->state = k3rt_tensor_view(NULL, dt, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dim_k, m->dim_v);
+    out->summary_m = k3rt_tensor_view(NULL, dt, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dim_k,
+                                      m->dim_k);
+    out->summary_b = k3rt_tensor_view(NULL, dt, K3RT_DEVICE_CPU, 4, batch, m->HV, m->dim_k,
+                                      m->dim_v);
     return K3RT_OK;
 }
 
@@ -459,9 +461,9 @@ static int kda_cp_compose(void *self, k3rt_stream *s, k3rt_tensor m1, k3rt_tenso
                                err);
 #endif
     return m->dtype == K3RT_F32
-               ? kda_compose_f32(s, n, m->dk, m->dv, m1.data, b1.data, m2.data, b2.data,
+               ? kda_compose_f32(s, n, m->dim_k, m->dim_v, m1.data, b1.data, m2.data, b2.data,
                                  mo.data, bo.data, err)
-               : kda_compose_f64(s, n, m->dk, m->dv, m1.data, b1.data, m2.data, b2.data,
+               : kda_compose_f64(s, n, m->dim_k, m->dim_v, m1.data, b1.data, m2.data, b2.data,
                                  mo.data, bo.data, err);
 }
 

@@ -1,6 +1,9 @@
 // The attention core's entry points (mla_cuda.h): argument checks, the choice between cuDNN's
 // fused attention (attn_cudnn.c), k3rt's tensor-core kernels (attn_tc.cu) and its fp32 ones
 // (attn_simple.cu), the backward's row dots and the per-head reduction of the forward's maxima.
+// Each of k3rt's kernels exists for a capability cuDNN's lacks, said in its header: max logits
+// and other lengths (attn_tc.cu), a deterministic backward (attn_tc_bwd.cu), f32 and other head
+// widths (attn_simple.cu).
 #include "cuda_common.cuh"
 #ifdef K3RT_MLA_HAVE_CUDNN
 #include "attn_cudnn.h"

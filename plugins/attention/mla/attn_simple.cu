@@ -8,6 +8,9 @@
 //   dQ       one block per (b*h, 32 rows) over the key tiles up to the rows.
 // Row strides of tiles read by lane-per-row dot products are odd, so the lanes hit different
 // banks.
+//
+// Kept for f32 runs (cuDNN's fused attention and the tensor-core kernels are bf16 only) and for
+// bf16 head widths other than (192, 128) and (128, 128).
 #include "cuda_common.cuh"
 
 namespace {

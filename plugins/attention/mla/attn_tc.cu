@@ -2,6 +2,12 @@
 // accumulation; primitives in tc.cuh), for the head widths of MLA: (dqk, dv) = (192, 128) and
 // (128, 128). The backward is attn_tc_bwd.cu.
 //
+// Kept beside cuDNN's fused attention (attn_cudnn.c, which attn.cu prefers: 0.95-1.00x of
+// PyTorch's SDPA against this kernel's 0.42-0.47x, docs/PERFORMANCE.md "MLA attention core vs
+// PyTorch SDPA") for what cuDNN does not give: the per-head max logits QK-clip needs
+// (report_max_logit; cuDNN 9.14/9.19 leave the row maximum unwritten) and bf16 lengths that
+// are not a multiple of 128.
+//
 // One block per (b*h, 32*NW query rows), NW warps of 32 rows; key tiles of 32, online softmax
 // in base 2; K of the next tile loads while P V runs, V while Q K^T runs. Warps whose rows all
 // precede a tile's keys skip it.

@@ -14,6 +14,10 @@
 //            above, dQ += dS K. Each sum has a fixed order, no atomics; the price is
 //            recomputing S and dP: 7 products.
 // Warps whose keys all follow a tile's rows (or whose rows all precede a tile's keys) skip it.
+//
+// Kept beside cuDNN's backward (attn_cudnn.c, faster where it runs) for the deterministic
+// backward (plan.deterministic: cuDNN sums dQ with atomics; the two-pass schedule) and for bf16
+// lengths that are not a multiple of 128 (the one-pass schedule).
 #include "tc.cuh"
 
 namespace {

@@ -1,4 +1,4 @@
-// The tensor-core kernels' primitives (attn_tc.cu, attn_tc_atomic.cu): asynchronous copies,
+// The tensor-core kernels' primitives (attn_tc.cu, attn_tc_bwd.cu): asynchronous copies,
 // ldmatrix, mma.sync m16n8k16 (bf16 in, fp32 accumulation) and the tile loads.
 //
 // Fragments (PTX m16n8k16, lane = 4 g + t): A 16x16 row-major, a0 (row g, cols 2t, 2t+1),

@@ -3,12 +3,12 @@
 
 #include <stdlib.h>
 
-int64_t standard_stream_bytes(const standard_residual *r, int64_t batch, int64_t seq)
+int64_t standard_activation_bytes(const standard_residual *r, int64_t batch, int64_t seq)
 {
     return batch * seq * r->d * (int64_t)k3rt_dtype_size(r->dtype);
 }
 
-static int std_create(const k3rt_create_args *a, void **self, k3rt_error *err)
+static int standard_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
     standard_residual *r = calloc(1, sizeof *r);
     if (!r)
@@ -21,10 +21,10 @@ static int std_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     return K3RT_OK;
 }
 
-static void std_destroy(void *self) { free(self); }
+static void standard_destroy(void *self) { free(self); }
 
 /* One add per sublayer each way (2 sublayers per layer), an add counted as one FLOP. */
-static int std_flops(void *self, int64_t batch, int64_t seq, k3rt_flops *out)
+static int standard_flops(void *self, int64_t batch, int64_t seq, k3rt_flops *out)
 {
     const standard_residual *r = self;
     double adds = 2.0 * r->n_layers * (double)(batch * seq) * (double)r->d;
@@ -34,10 +34,10 @@ static int std_flops(void *self, int64_t batch, int64_t seq, k3rt_flops *out)
 }
 
 /* saved: the stream h and its gradient dh, [B, T, d] each; no scratch. */
-static int std_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
+static int standard_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 {
     const standard_residual *r = self;
-    out->saved_bytes = 2 * standard_stream_bytes(r, batch, seq);
+    out->saved_bytes = 2 * standard_activation_bytes(r, batch, seq);
     out->workspace_bytes = 0;
     out->state_bytes = 0;
     return K3RT_OK;
@@ -45,10 +45,10 @@ static int std_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 
 static const k3rt_instance_vtable instance = {
     .struct_size = sizeof(k3rt_instance_vtable),
-    .create = std_create,
-    .destroy = std_destroy,
-    .flops = std_flops,
-    .memory = std_memory,
+    .create = standard_create,
+    .destroy = standard_destroy,
+    .flops = standard_flops,
+    .memory = standard_memory,
 };
 
 static const k3rt_residual_vtable residual = {

@@ -12,7 +12,7 @@ typedef struct standard_residual {
 } standard_residual;
 
 /* Bytes of one [B, T, d] activation; saved holds two (h and dh). */
-int64_t standard_stream_bytes(const standard_residual *r, int64_t batch, int64_t seq);
+int64_t standard_activation_bytes(const standard_residual *r, int64_t batch, int64_t seq);
 
 int standard_begin(void *self, const k3rt_residual_args *a, k3rt_error *err);
 int standard_mix(void *self, const k3rt_residual_args *a, k3rt_error *err);

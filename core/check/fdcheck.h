@@ -3,8 +3,8 @@
  * x, dy and parameters; the plugin's backward is compared with central differences on a
  * random sample of entries of every input and parameter. Used by the plugin tests and by
  * `k3rt check-plugin`. */
-#ifndef K3RT_PLUGIN_FDCHECK_H
-#define K3RT_PLUGIN_FDCHECK_H
+#ifndef K3RT_CHECK_FDCHECK_H
+#define K3RT_CHECK_FDCHECK_H
 
 #include <jansson.h>
 #include <k3rt/plugin.h>

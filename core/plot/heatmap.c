@@ -1,10 +1,11 @@
-/* SVG heat maps (heatmap.h), in the style of the loss plot (train_plot.c). */
-#include "train/heatmap.h"
+/* SVG heat maps (heatmap.h), in the style of the loss chart (loss_chart.c). */
+#include "plot/heatmap.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "plot/svg.h"
 #include "util/fs.h"
 
 /* Viridis at five stops, interpolated linearly: ordered in lightness, readable in grey. */
@@ -28,24 +29,10 @@ static void colour(double u, char *buf, size_t len)
     snprintf(buf, len, "#%02x%02x%02x", c[0], c[1], c[2]);
 }
 
-/* Text with &, <, >, " escaped. */
-static void put_text(FILE *f, const char *s)
-{
-    for (; s && *s; s++) {
-        switch (*s) {
-        case '&': fputs("&amp;", f); break;
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '"': fputs("&quot;", f); break;
-        default: fputc(*s, f);
-        }
-    }
-}
-
 static void put_label(FILE *f, const char *const *labels, int i)
 {
     if (labels && labels[i])
-        put_text(f, labels[i]);
+        svg_put_text(f, labels[i]);
     else
         fprintf(f, "%d", i);
 }
@@ -81,19 +68,15 @@ int heatmap_write_svg(const char *path, const double *m, int rows, int cols,
     if (spec->title)  /* room for the title at 15 px (about 8 px a character) */
         width = fmax(width, 40 + 8.0 * (double)strlen(spec->title));
     int row_every = (int)ceil(12.0 / ch), col_every = (int)ceil(24.0 / cw);
-    char tmp[1200], fill[16];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot create", tmp);
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-               "font-family=\"sans-serif\" font-size=\"11\">\n"
-               "<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", width, height, width,
-            height);
+    char fill[16];
+    fs_atomic a;
+    K3RT_TRY(fs_atomic_open(&a, path, err));
+    FILE *f = a.f;
+    svg_begin(f, width, height, 11);
     if (spec->title) {
         fprintf(f, "<text x=\"%.1f\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">",
                 width / 2);
-        put_text(f, spec->title);
+        svg_put_text(f, spec->title);
         fprintf(f, "</text>\n");
     }
     for (int r = 0; r < rows; r++)
@@ -122,13 +105,13 @@ int heatmap_write_svg(const char *path, const double *m, int rows, int cols,
     if (spec->col_title) {
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">", left + w / 2,
                 top + h + 36);
-        put_text(f, spec->col_title);
+        svg_put_text(f, spec->col_title);
         fprintf(f, "</text>\n");
     }
     if (spec->row_title) {
         fprintf(f, "<text transform=\"translate(18,%.1f) rotate(-90)\" text-anchor=\"middle\">",
                 top + h / 2);
-        put_text(f, spec->row_title);
+        svg_put_text(f, spec->row_title);
         fprintf(f, "</text>\n");
     }
     /* the colour bar: hi at the top */
@@ -142,8 +125,5 @@ int heatmap_write_svg(const char *path, const double *m, int rows, int cols,
                "stroke=\"#888\"/>\n"
                "<text x=\"%.1f\" y=\"%.1f\">%.3g</text><text x=\"%.1f\" y=\"%.1f\">%.3g</text>\n"
                "</svg>\n", bar_x, top, h, bar_x + 20, top + 10, hi, bar_x + 20, top + h, lo);
-    K3RT_TRY(fs_close_synced(f, tmp, err));
-    if (rename(tmp, path) != 0)
-        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot rename into place", path);
-    return K3RT_OK;
+    return fs_atomic_commit(&a, err);
 }

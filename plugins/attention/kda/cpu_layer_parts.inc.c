@@ -165,14 +165,14 @@ typedef struct SUF(gate_job) {
 static void SUF(gate_fwd_rows)(void *ctx, int64_t begin, int64_t end)
 {
     const SUF(gate_job) *j = ctx;
-    int64_t dk = j->m->dk, HV = j->m->HV, D = HV * dk;
+    int64_t dim_k = j->m->dim_k, HV = j->m->HV, D = HV * dim_k;
     REAL lb = (REAL)j->m->lb;
     for (int64_t row = begin; row < end; row++)
         for (int64_t h = 0; h < HV; h++) {
             REAL ea = EXP(j->a_log[h]);
-            REAL *z = j->z + row * D + h * dk, *g = j->g + row * D + h * dk;
-            const REAL *bias = j->bias ? j->bias + h * dk : NULL;
-            for (int64_t c = 0; c < dk; c++) {
+            REAL *z = j->z + row * D + h * dim_k, *g = j->g + row * D + h * dim_k;
+            const REAL *bias = j->bias ? j->bias + h * dim_k : NULL;
+            for (int64_t c = 0; c < dim_k; c++) {
                 if (bias)
                     z[c] += bias[c];
                 g[c] = j->m->has_lb ? lb * SUF(sigmoid)(ea * z[c]) : -ea * SUF(softplus)(z[c]);
@@ -185,7 +185,7 @@ static void SUF(gate_fwd_rows)(void *ctx, int64_t begin, int64_t end)
 static void SUF(gate_bwd_channels)(void *ctx, int64_t begin, int64_t end)
 {
     const SUF(gate_job) *j = ctx;
-    int64_t dk = j->m->dk, D = j->m->HV * dk;
+    int64_t dim_k = j->m->dim_k, D = j->m->HV * dim_k;
     REAL lb = (REAL)j->m->lb;
     for (int64_t c = begin; c < end; c++)
         j->dac[c] = 0;
@@ -193,8 +193,8 @@ static void SUF(gate_bwd_channels)(void *ctx, int64_t begin, int64_t end)
         int64_t h = -1;
         REAL ea = 0;
         for (int64_t c = begin; c < end; c++) {
-            if (c / dk != h)
-                h = c / dk, ea = EXP(j->a_log[h]);
+            if (c / dim_k != h)
+                h = c / dim_k, ea = EXP(j->a_log[h]);
             REAL z = j->z[row * D + c], dg = j->dgate[row * D + c], dz, dA;
             if (j->m->has_lb) {
                 REAL y = ea * z, sg = SUF(sigmoid)(y), ds = lb * sg * (1 - sg);

@@ -1,5 +1,5 @@
 /* The KDA layer (spec §2.1), forward and backward side by side. x [B, T, d], N = B*T tokens,
- * Dk = H*dk, Dv = HV*dv, Dg = HV*dk.
+ * Dk = H*dim_k, Dv = HV*dim_v, Dg = HV*dim_k.
  *
  *   qp, kp, vp = x Wq^T, x Wk^T, x Wv^T                      [N, Dk | Dk | Dv]
  *   qc, kc, vc = causal depthwise conv (width W) of each       (halo rows: kda_io.x_halo)
@@ -30,7 +30,7 @@ static int SUF(lin_bwd)(k3rt_stream *s, const REAL *x, const void *w, const REAL
 
 static kda_dims SUF(dims_of)(const kda *m, int64_t B, int64_t T)
 {
-    kda_dims d = {B, T, m->H, m->HV, m->dk, m->dv, m->C, 1.0 / sqrt((double)m->dk)};
+    kda_dims d = {B, T, m->H, m->HV, m->dim_k, m->dim_v, m->C, 1.0 / sqrt((double)m->dim_k)};
     return d;
 }
 
@@ -42,7 +42,7 @@ static int SUF(halo_proj)(const kda *m, k3rt_stream *s, const kda_io *io, const 
     *hq = *hk = *hv = NULL;
     if (!io->x_halo || m->W < 2)
         return K3RT_OK;
-    int64_t nh = io->B * (m->W - 1), Dk = m->H * m->dk, Dv = m->HV * m->dv;
+    int64_t nh = io->B * (m->W - 1), Dk = m->H * m->dim_k, Dv = m->HV * m->dim_v;
     REAL *h = ws + l->halo;
     const REAL *xh = io->x_halo;
     K3RT_TRY(SUF(lin)(s, xh, io->params[KDA_Q], h, nh, m->d, Dk, err));
@@ -57,7 +57,7 @@ static int SUF(layer_prep)(const kda *m, k3rt_stream *s, const kda_io *io, const
                            k3rt_error *err)
 {
     int64_t N = io->B * io->T, d = m->d, H = m->H, HV = m->HV;
-    int64_t Dk = H * m->dk, Dv = HV * m->dv, Dg = HV * m->dk;
+    int64_t Dk = H * m->dim_k, Dv = HV * m->dim_v, Dg = HV * m->dim_k;
     REAL *sv = io->saved, *ws = io->ws;
     const REAL *x = io->x;
     const void *const *P = io->params;
@@ -69,8 +69,8 @@ static int SUF(layer_prep)(const kda *m, k3rt_stream *s, const kda_io *io, const
     SUF(conv_fwd)(s, io, Dk, m->W, sv + l->qp, hq, P[KDA_QCONV], sv + l->qc);
     SUF(conv_fwd)(s, io, Dk, m->W, sv + l->kp, hk, P[KDA_KCONV], sv + l->kc);
     SUF(conv_fwd)(s, io, Dv, m->W, sv + l->vp, hv, P[KDA_VCONV], sv + l->vc);
-    SUF(l2_job) lq = {H, m->dk, sv + l->qc, NULL, NULL, sv + l->qn, sv + l->rq, NULL};
-    SUF(l2_job) lk = {H, m->dk, sv + l->kc, NULL, NULL, sv + l->kn, sv + l->rk, NULL};
+    SUF(l2_job) lq = {H, m->dim_k, sv + l->qc, NULL, NULL, sv + l->qn, sv + l->rq, NULL};
+    SUF(l2_job) lk = {H, m->dim_k, sv + l->kc, NULL, NULL, sv + l->kn, sv + l->rk, NULL};
     SUF(par)(s, N, SUF(l2_fwd_rows), &lq);
     SUF(par)(s, N, SUF(l2_fwd_rows), &lk);
     K3RT_TRY(k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SILU, sv + l->vc, sv + l->v, N * Dv, err));
@@ -115,19 +115,19 @@ static void SUF(core_seq_at)(const kda *m, const kda_io *io, int64_t i, int64_t 
     q->t0 = t0, q->row = t0 / io->T;
     q->first = t0 % io->T == 0, q->last = (t0 + len) % io->T == 0;
     q->states = *states_at;
-    *states_at += m->HV * kda_chunks(len, m->C) * m->dk * m->dv;
+    *states_at += m->HV * kda_chunks(len, m->C) * m->dim_k * m->dim_v;
 }
 
 int SUF(kda_layer_fwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_error *err)
 {
-    int64_t B = io->B, T = io->T, N = B * T, d = m->d, HV = m->HV, Dv = HV * m->dv;
+    int64_t B = io->B, T = io->T, N = B * T, d = m->d, HV = m->HV, Dv = HV * m->dim_v;
     kda_layout l;
     kda_layout_make(m, B, T, m->slots, &l);
     REAL *sv = io->saved, *ws = io->ws;
     const REAL *x = io->x;
     const void *const *P = io->params;
     K3RT_TRY(SUF(layer_prep)(m, s, io, &l, err));
-    const int64_t Dk = m->H * m->dk, Dg = HV * m->dk, ns = HV * m->dk * m->dv;
+    const int64_t Dk = m->H * m->dim_k, Dg = HV * m->dim_k, ns = HV * m->dim_k * m->dim_v;
     const REAL *s_in = io->s_in;
     REAL *s_out = io->s_out;
     for (int64_t i = 0, at = 0, n = SUF(core_seqs)(io); i < n; i++) {
@@ -142,7 +142,7 @@ int SUF(kda_layer_fwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
                                    l.core_n, err));
     }
     K3RT_TRY(k3rt_rmsnorm_fwd(s, KDA_DTYPE, sv + l.o, P[KDA_NORM], ws + l.on, sv + l.rstd,
-                              N * HV, m->dv, m->norm_eps, err));
+                              N * HV, m->dim_v, m->norm_eps, err));
     if (m->rg) {
         K3RT_TRY(SUF(lin)(s, x, P[KDA_GA], sv + l.ga, N, d, m->rg, err));
         K3RT_TRY(SUF(lin)(s, sv + l.ga, P[KDA_GB], sv + l.G, N, m->rg, Dv, err));
@@ -152,33 +152,6 @@ int SUF(kda_layer_fwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
     SUF(ogate_job) og = {Dv, ws + l.on, sv + l.G, NULL, sv + l.yg, NULL, NULL};
     SUF(par)(s, N, SUF(ogate_fwd_rows), &og);
     return SUF(lin)(s, sv + l.yg, P[KDA_O], io->y, N, Dv, d, err);
-}
-
-int SUF(kda_layer_summary)(const kda *m, k3rt_stream *s, const kda_io *io, REAL *sm, REAL *sb,
-                           k3rt_error *err)
-{
-    kda_layout l;
-    kda_layout_make(m, io->B, io->T, m->slots, &l);
-    REAL *sv = io->saved, *ws = io->ws;
-    K3RT_TRY(SUF(layer_prep)(m, s, io, &l, err));
-    const int64_t HV = m->HV, Dk = m->H * m->dk, Dv = HV * m->dv, Dg = HV * m->dk;
-    const int64_t nm = HV * m->dk * m->dk, nb = HV * m->dk * m->dv;
-    /* With documents a row's map is its last document's; S_in reaches it only when that
-     * document starts the row too (else M = 0). */
-    for (int64_t i = 0, at = 0, n = SUF(core_seqs)(io); i < n; i++) {
-        SUF(core_seq) q;
-        SUF(core_seq_at)(m, io, i, &at, &q);
-        if (!q.last)
-            continue;
-        int64_t t = q.t0;
-        K3RT_TRY(SUF(kda_core_summary)(s, &q.d, sv + l.qn + t * Dk, sv + l.kn + t * Dk,
-                                       sv + l.v + t * Dv, sv + l.g + t * Dg,
-                                       sv + l.beta + t * HV, sm + q.row * nm, sb + q.row * nb,
-                                       ws + l.core, l.core_n, err));
-        if (!q.first)
-            memset(sm + q.row * nm, 0, (size_t)nm * sizeof(REAL));
-    }
-    return K3RT_OK;
 }
 
 /* One of q, k, v from the gradient of its conv output: conv backward (+ halo), then the
@@ -203,7 +176,7 @@ static int SUF(qkv_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, const kd
 int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_error *err)
 {
     int64_t B = io->B, T = io->T, N = B * T, d = m->d, H = m->H, HV = m->HV;
-    int64_t Dk = H * m->dk, Dv = HV * m->dv, Dg = HV * m->dk;
+    int64_t Dk = H * m->dim_k, Dv = HV * m->dim_v, Dg = HV * m->dim_k;
     kda_layout l;
     kda_layout_make(m, B, T, m->slots, &l);
     REAL *sv = io->saved, *ws = io->ws;
@@ -217,7 +190,7 @@ int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
     K3RT_TRY(SUF(lin_bwd)(s, sv + l.yg, P[KDA_O], io->dy, d1, Gr[KDA_O], N, Dv, d, 0, err));
     /* yg = on ⊙ sigmoid(G): d1 = dyg -> d2 = d(on), d3 = dG */
     K3RT_TRY(k3rt_rmsnorm_fwd(s, KDA_DTYPE, sv + l.o, P[KDA_NORM], ws + l.on, NULL, N * HV,
-                              m->dv, m->norm_eps, err));
+                              m->dim_v, m->norm_eps, err));
     SUF(ogate_job) og = {Dv, ws + l.on, sv + l.G, d1, NULL, d2, d3};
     SUF(par)(s, N, SUF(ogate_bwd_rows), &og);
     if (m->rg) {
@@ -229,11 +202,11 @@ int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
     }
     /* on = RMSNorm(o) w_norm: d1 = do */
     K3RT_TRY(k3rt_rmsnorm_bwd(s, KDA_DTYPE, sv + l.o, P[KDA_NORM], sv + l.rstd, d2, d1,
-                              Gr[KDA_NORM], N * HV, m->dv, 0, err));
+                              Gr[KDA_NORM], N * HV, m->dim_v, 0, err));
     /* the recurrence */
-    REAL *dq = ws + l.dq, *dk = ws + l.dk, *dv = ws + l.dvv, *dg = ws + l.dg;
+    REAL *dq = ws + l.dq, *dk = ws + l.dk, *dv = ws + l.dv, *dg = ws + l.dg;
     REAL *dbeta = ws + l.dbeta;
-    const int64_t ns = HV * m->dk * m->dv;
+    const int64_t ns = HV * m->dim_k * m->dim_v;
     const REAL *ds_out = io->ds_out;
     REAL *ds_in = io->ds_in;
     for (int64_t i = 0, at = 0, n = SUF(core_seqs)(io); i < n; i++) {
@@ -254,7 +227,7 @@ int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
     k3rt_parallel_for(s, Dg, 8, SUF(gate_bwd_channels), &gj);
     REAL *dalog = Gr[KDA_ALOG];
     for (int64_t c = 0; c < Dg; c++)
-        dalog[c / m->dk] += ws[l.dac + c];
+        dalog[c / m->dim_k] += ws[l.dac + c];
     if (m->rf) {
         K3RT_TRY(SUF(lin_bwd)(s, sv + l.fa, P[KDA_FB], dg, dlow, Gr[KDA_FB], N, m->rf, Dg, 0,
                               err));
@@ -268,8 +241,8 @@ int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
         dbeta[i] *= beta[i] * (1 - beta[i]);
     K3RT_TRY(SUF(lin_bwd)(s, x, P[KDA_B], dbeta, io->dx, Gr[KDA_B], N, d, HV, 1, err));
     /* q, k: L2 norm and SiLU (in place), v: SiLU; then conv and projections */
-    SUF(l2_job) lq = {H, m->dk, sv + l.qc, sv + l.qn, sv + l.rq, NULL, NULL, dq};
-    SUF(l2_job) lk = {H, m->dk, sv + l.kc, sv + l.kn, sv + l.rk, NULL, NULL, dk};
+    SUF(l2_job) lq = {H, m->dim_k, sv + l.qc, sv + l.qn, sv + l.rq, NULL, NULL, dq};
+    SUF(l2_job) lk = {H, m->dim_k, sv + l.kc, sv + l.kn, sv + l.rk, NULL, NULL, dk};
     SUF(par)(s, N, SUF(l2_bwd_rows), &lq);
     SUF(par)(s, N, SUF(l2_bwd_rows), &lk);
     K3RT_TRY(k3rt_act_bwd(s, KDA_DTYPE, K3RT_ACT_SILU, sv + l.vc, dv, d2, N * Dv, 0, err));

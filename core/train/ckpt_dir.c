@@ -1,5 +1,5 @@
-/* Checkpoint directories and their atomic commit (checkpoint.h). */
-#include "train/checkpoint.h"
+/* Checkpoint directories and their atomic commit (ckpt_dir.h). */
+#include "train/ckpt_dir.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,38 +1,11 @@
-/* SVG loss curves (train_plot.h). */
-#include "train/train_plot.h"
+/* SVG loss curves (loss_chart.h). */
+#include "plot/loss_chart.h"
 
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
+#include "plot/svg.h"
 #include "util/fs.h"
-
-int plot_add(plot_series *s, double x, double y)
-{
-    if (s->n == s->cap) {
-        int64_t cap = s->cap ? s->cap * 2 : 256;
-        double *nx = realloc(s->x, (size_t)cap * sizeof *nx);
-        if (!nx)
-            return K3RT_ERR_NOMEM;
-        s->x = nx;
-        double *ny = realloc(s->y, (size_t)cap * sizeof *ny);
-        if (!ny)
-            return K3RT_ERR_NOMEM;
-        s->y = ny;
-        s->cap = cap;
-    }
-    s->x[s->n] = x;
-    s->y[s->n] = y;
-    s->n++;
-    return K3RT_OK;
-}
-
-void loss_history_free(loss_history *h)
-{
-    free(h->train.x), free(h->train.y), free(h->val.x), free(h->val.y);
-    memset(h, 0, sizeof *h);
-}
 
 typedef struct frame {
     double x0, x1, y0, y1;   /* data range */
@@ -42,7 +15,7 @@ typedef struct frame {
 static double px(const frame *f, double x) { return f->left + (x - f->x0) / (f->x1 - f->x0) * f->w; }
 static double py(const frame *f, double y) { return f->top + (f->y1 - y) / (f->y1 - f->y0) * f->h; }
 
-static void range(const plot_series *s, double *lo, double *hi, double *xmax)
+static void range(const loss_series *s, double *lo, double *hi, double *xmax)
 {
     for (int64_t i = 0; i < s->n; i++) {
         if (!isfinite(s->y[i]))
@@ -55,7 +28,7 @@ static void range(const plot_series *s, double *lo, double *hi, double *xmax)
 
 /* A polyline of a series; a training curve this long is averaged over windows so the line
  * shows the trend and stays small. */
-static void polyline(FILE *f, const frame *fr, const plot_series *s, const char *color,
+static void polyline(FILE *f, const frame *fr, const loss_series *s, const char *color,
                      int64_t max_points, double width)
 {
     if (s->n == 0)
@@ -84,7 +57,8 @@ static double nice_step(double span)
     return (r < 1.5 ? 1 : r < 3.5 ? 2 : r < 7.5 ? 5 : 10) * mag;
 }
 
-int plot_write_svg(const loss_history *h, const char *title, const char *path, k3rt_error *err)
+int loss_chart_write_svg(const loss_history *h, const char *title, const char *path,
+                         k3rt_error *err)
 {
     double lo = INFINITY, hi = -INFINITY, xmax = 1;
     range(&h->train, &lo, &hi, &xmax);
@@ -96,16 +70,13 @@ int plot_write_svg(const loss_history *h, const char *title, const char *path, k
     if (hi - lo < 1e-6)
         hi = lo + 1;
     frame fr = {0, xmax, lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo), 70, 40, 600, 360};
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot create", tmp);
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"700\" height=\"460\" "
-               "font-family=\"sans-serif\" font-size=\"12\">\n"
-               "<rect width=\"700\" height=\"460\" fill=\"white\"/>\n"
-               "<text x=\"350\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">%s</text>\n",
-            title);
+    fs_atomic a;
+    K3RT_TRY(fs_atomic_open(&a, path, err));
+    FILE *f = a.f;
+    svg_begin(f, 700, 460, 12);
+    fputs("<text x=\"350\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">", f);
+    svg_put_text(f, title);
+    fputs("</text>\n", f);
     fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
                "stroke=\"#888\"/>\n", fr.left, fr.top, fr.w, fr.h);
     double ys = nice_step(fr.y1 - fr.y0);
@@ -129,8 +100,5 @@ int plot_write_svg(const loss_history *h, const char *title, const char *path, k
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" fill=\"#1f77b4\">train</text>"
                "<text x=\"%.0f\" y=\"%.0f\" fill=\"#d62728\">validation</text>\n</svg>\n",
             fr.left + fr.w - 120, fr.top + 18, fr.left + fr.w - 70, fr.top + 18);
-    K3RT_TRY(fs_close_synced(f, tmp, err));
-    if (rename(tmp, path) != 0)
-        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot rename into place", path);
-    return K3RT_OK;
+    return fs_atomic_commit(&a, err);
 }

@@ -13,8 +13,8 @@
  * rename step_N.tmp -> step_N, fsync root. A crash at any point leaves either the old set of
  * complete checkpoints or the new one. (Saving a step that already exists moves the old step_N
  * aside first; a crash between the two renames loses that step, never an earlier one.) */
-#ifndef K3RT_CHECKPOINT_H
-#define K3RT_CHECKPOINT_H
+#ifndef K3RT_CKPT_DIR_H
+#define K3RT_CKPT_DIR_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -21,7 +21,7 @@ enum { SLOT_H = 0, SLOT_DH = 1 };
 /* The stream slot (h or dh) in the saved part. */
 static void *slot(const standard_residual *r, const k3rt_residual_args *a, int which)
 {
-    return (char *)a->saved[0] + which * standard_stream_bytes(r, a->batch, a->seq);
+    return (char *)a->saved[0] + which * standard_activation_bytes(r, a->batch, a->seq);
 }
 
 /* slot <- t */

@@ -1,9 +1,10 @@
-/* Saving and resuming a run: weights, plugin state and the manifest (checkpoint.h). */
+/* Saving and resuming a run: weights, plugin state and the manifest, in the directories of
+ * ckpt_dir.h (declared in train_internal.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "plugin/sinks.h"
-#include "train/checkpoint.h"
+#include "train/ckpt_dir.h"
 #include "train/ckpt_verify.h"
 #include "train/safetensors.h"
 #include "train/train_internal.h"

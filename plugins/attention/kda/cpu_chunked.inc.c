@@ -10,7 +10,7 @@
  *
  * (FlashKDA's one-product form of Δ; (I+L)^{-1} is never formed: triangular solves instead.)
  * Every product with S, Δ and the pairwise matrices goes through k3rt_gemm; the rank-1 updates
- * of the recurrent form become [n x dk] x [dk x dv] products.
+ * of the recurrent form become [n x dim_k] x [dim_k x dim_v] products.
  *
  * The pairwise matrices need e^{G_r - G_i} without overflow (spec §4.2). They are built block
  * row by block row (KDA_SUB rows): rows r of the block and all columns i up to the block's end
@@ -27,37 +27,44 @@
 /* Scratch of one head, carved from its slot. */
 typedef struct SUF(chunk) {
     int64_t n, t0;           /* rows in this chunk, first token */
-    REAL *a, *ai, *G;        /* [C, dk] e^g, e^-g, cumulative g within the chunk */
-    REAL *gam, *gbar;        /* [C, dk] e^{G_r}, e^{G_last - G_r} */
-    REAL *Qg, *Kg, *Kb;      /* [C, dk] scale q ⊙ Γ, k ⊙ Γ, k ⊙ Γ̄ */
+    REAL *a, *ai, *G;        /* [C, dim_k] e^g, e^-g, cumulative g within the chunk */
+    REAL *gam, *gbar;        /* [C, dim_k] e^{G_r}, e^{G_last - G_r} */
+    REAL *Qg, *Kg, *Kb;      /* [C, dim_k] scale q ⊙ Γ, k ⊙ Γ, k ⊙ Γ̄ */
     REAL *bt;                /* [C] beta */
     REAL *A, *L;             /* [C, C] Aqk, Lk (row stride C) */
-    REAL *Qs, *Ks, *er, *ek; /* block row: [2 SUB, dk] sides, [C, dk], factors [SUB, dk], [C, dk] */
-    REAL *X, *Et, *S;        /* [C, w] Δ, [C, w] rows before beta, [dk, w] state (w <= dk+dv) */
+    REAL *Qs, *Ks, *er, *ek; /* block row: [2 SUB, dim_k] sides, [C, dim_k], factors
+                                [SUB, dim_k], [C, dim_k] */
+    REAL *X, *Et, *S;        /* [C, w] Δ, [C, w] rows before beta, [dim_k, w] state
+                                (w <= dim_k + dim_v) */
     /* backward */
     REAL *dA, *dL;           /* [C, C] */
-    REAL *R, *Rt;            /* [C, dv] (I+L)^-T dΔ, beta ⊙ R */
-    REAL *dS, *dSn;          /* [dk, dv] gradient at the chunk end, then at its start */
-    REAL *dgam;              /* [dk] */
-    REAL *dQg, *dKg, *dKb;   /* [C, dk] */
-    REAL *dQ, *dK, *dG;      /* [C, dk] */
-    REAL *dQs, *dKs;         /* [2 SUB, dk], [C, dk] */
+    REAL *R, *Rt;            /* [C, dim_v] (I+L)^-T dΔ, beta ⊙ R */
+    REAL *dS, *dSn;          /* [dim_k, dim_v] gradient at the chunk end, then at its start */
+    REAL *dgam;              /* [dim_k] */
+    REAL *dQg, *dKg, *dKb;   /* [C, dim_k] */
+    REAL *dQ, *dK, *dG;      /* [C, dim_k] */
+    REAL *dQs, *dKs;         /* [2 SUB, dim_k], [C, dim_k] */
 } SUF(chunk);
 
 /* Lays the buffers out from base (sizes only when base is NULL); returns the elements used. */
 static int64_t SUF(chunk_carve)(const kda_dims *d, REAL *base, SUF(chunk) *c)
 {
-    int64_t C = d->C, dk = d->dk, dv = d->dv, w = dk + dv, at = 0;
+    int64_t C = d->C, dim_k = d->dim_k, dim_v = d->dim_v, w = dim_k + dim_v, at = 0;
     REAL **order[] = {&c->a,  &c->ai, &c->G,  &c->gam, &c->gbar, &c->Qg,  &c->Kg,  &c->Kb,
                       &c->bt, &c->A,  &c->L,  &c->Qs,  &c->Ks,   &c->er,  &c->ek,  &c->X,
                       &c->Et, &c->S,  &c->dA, &c->dL,  &c->R,    &c->Rt,  &c->dS,  &c->dSn,
                       &c->dgam, &c->dQg, &c->dKg, &c->dKb, &c->dQ, &c->dK, &c->dG, &c->dQs,
                       &c->dKs};
-    int64_t size[] = {C * dk, C * dk, C * dk, C * dk, C * dk, C * dk, C * dk, C * dk,
-                      C,      C * C,  C * C,  2 * KDA_SUB * dk, C * dk, KDA_SUB * dk, C * dk,
-                      C * w,  C * w,  dk * w, C * C,  C * C,  C * dv, C * dv, dk * dv, dk * dv,
-                      dk,     C * dk, C * dk, C * dk, C * dk, C * dk, C * dk, 2 * KDA_SUB * dk,
-                      C * dk};
+    /* the sizes of order[], row by row */
+    int64_t size[] = {C * dim_k,  C * dim_k,  C * dim_k,      C * dim_k,
+                      C * dim_k,  C * dim_k,  C * dim_k,      C * dim_k,
+                      C,          C * C,      C * C,          2 * KDA_SUB * dim_k,
+                      C * dim_k,  KDA_SUB * dim_k, C * dim_k, C * w,
+                      C * w,      dim_k * w,  C * C,          C * C,
+                      C * dim_v,  C * dim_v,  dim_k * dim_v,  dim_k * dim_v,
+                      dim_k,      C * dim_k,  C * dim_k,      C * dim_k,
+                      C * dim_k,  C * dim_k,  C * dim_k,      2 * KDA_SUB * dim_k,
+                      C * dim_k};
     for (size_t i = 0; i < sizeof size / sizeof size[0]; i++) {
         if (base)
             *order[i] = base + at;
@@ -81,45 +88,45 @@ static int64_t SUF(chunk_scratch)(const kda_dims *d)
 static void SUF(block_sides)(const kda_dims *d, const SUF(kda_head) *h, SUF(chunk) *c, int64_t n0,
                              int64_t e, int64_t *nc, int *fb)
 {
-    int64_t dk = d->dk, bl = e - n0 + 1;
+    int64_t dim_k = d->dim_k, bl = e - n0 + 1;
     const REAL *G = c->G;
     int f = 0;
     for (int64_t r = n0 + 1; r <= e; r++)
-        for (int64_t j = 0; j < dk; j++)
-            if (fabs((double)(G[n0 * dk + j] - G[r * dk + j])) > KDA_THETA)
+        for (int64_t j = 0; j < dim_k; j++)
+            if (fabs((double)(G[n0 * dim_k + j] - G[r * dim_k + j])) > KDA_THETA)
                 f = 1;
     *fb = f;
     *nc = f ? n0 : e + 1;
     REAL *er = c->er, *ek = c->ek;
-    for (int64_t j = 0; j < dk; j++)
+    for (int64_t j = 0; j < dim_k; j++)
         er[j] = 1;
     for (int64_t r = n0 + 1; r <= e; r++)
-        for (int64_t j = 0; j < dk; j++)
-            er[(r - n0) * dk + j] = er[(r - 1 - n0) * dk + j] * c->a[r * dk + j];
+        for (int64_t j = 0; j < dim_k; j++)
+            er[(r - n0) * dim_k + j] = er[(r - 1 - n0) * dim_k + j] * c->a[r * dim_k + j];
     REAL s = (REAL)d->scale;
     for (int64_t r = n0; r <= e; r++) {
         const REAL *q = h->q + (c->t0 + r) * h->sq, *k = h->k + (c->t0 + r) * h->sq;
-        const REAL *f_ = er + (r - n0) * dk;
-        REAL *qs = c->Qs + (r - n0) * dk, *ks = c->Qs + (bl + r - n0) * dk;
-        for (int64_t j = 0; j < dk; j++) {
+        const REAL *f_ = er + (r - n0) * dim_k;
+        REAL *qs = c->Qs + (r - n0) * dim_k, *ks = c->Qs + (bl + r - n0) * dim_k;
+        for (int64_t j = 0; j < dim_k; j++) {
             qs[j] = s * q[j] * f_[j];
             ks[j] = k[j] * f_[j];
         }
     }
     if (*nc == 0)
         return;
-    for (int64_t j = 0; j < dk; j++)
-        ek[n0 * dk + j] = 1;
+    for (int64_t j = 0; j < dim_k; j++)
+        ek[n0 * dim_k + j] = 1;
     for (int64_t i = n0 + 1; i < *nc; i++)
-        for (int64_t j = 0; j < dk; j++)
-            ek[i * dk + j] = ek[(i - 1) * dk + j] * c->ai[i * dk + j];
+        for (int64_t j = 0; j < dim_k; j++)
+            ek[i * dim_k + j] = ek[(i - 1) * dim_k + j] * c->ai[i * dim_k + j];
     for (int64_t i = n0 - 1; i >= 0; i--)
-        for (int64_t j = 0; j < dk; j++)
-            ek[i * dk + j] = ek[(i + 1) * dk + j] * c->a[(i + 1) * dk + j];
+        for (int64_t j = 0; j < dim_k; j++)
+            ek[i * dim_k + j] = ek[(i + 1) * dim_k + j] * c->a[(i + 1) * dim_k + j];
     for (int64_t i = 0; i < *nc; i++) {
         const REAL *k = h->k + (c->t0 + i) * h->sq;
-        for (int64_t j = 0; j < dk; j++)
-            c->Ks[i * dk + j] = k[j] * ek[i * dk + j];
+        for (int64_t j = 0; j < dim_k; j++)
+            c->Ks[i * dim_k + j] = k[j] * ek[i * dim_k + j];
     }
 }
 
@@ -127,14 +134,14 @@ static void SUF(block_sides)(const kda_dims *d, const SUF(kda_head) *h, SUF(chun
 static void SUF(diag_exact)(const kda_dims *d, const SUF(kda_head) *h, SUF(chunk) *c, int64_t n0,
                             int64_t e)
 {
-    int64_t dk = d->dk, C = d->C;
+    int64_t dim_k = d->dim_k, C = d->C;
     for (int64_t r = n0; r <= e; r++) {
         const REAL *q = h->q + (c->t0 + r) * h->sq, *kr = h->k + (c->t0 + r) * h->sq;
         for (int64_t i = n0; i <= r; i++) {
             const REAL *ki = h->k + (c->t0 + i) * h->sq;
             REAL sq = 0, sk = 0;
-            for (int64_t j = 0; j < dk; j++) {
-                REAL x = EXP(c->G[r * dk + j] - c->G[i * dk + j]) * ki[j];
+            for (int64_t j = 0; j < dim_k; j++) {
+                REAL x = EXP(c->G[r * dim_k + j] - c->G[i * dim_k + j]) * ki[j];
                 sq += q[j] * x;
                 sk += kr[j] * x;
             }
@@ -148,22 +155,22 @@ static void SUF(diag_exact)(const kda_dims *d, const SUF(kda_head) *h, SUF(chunk
 static void SUF(diag_exact_bwd)(const kda_dims *d, const SUF(kda_head) *h, SUF(chunk) *c,
                                 int64_t n0, int64_t e)
 {
-    int64_t dk = d->dk, C = d->C;
+    int64_t dim_k = d->dim_k, C = d->C;
     REAL s = (REAL)d->scale;
     for (int64_t r = n0; r <= e; r++) {
         const REAL *q = h->q + (c->t0 + r) * h->sq, *kr = h->k + (c->t0 + r) * h->sq;
         for (int64_t i = n0; i <= r; i++) {
             const REAL *ki = h->k + (c->t0 + i) * h->sq;
             REAL ca = s * c->dA[r * C + i], cl = i < r ? c->dL[r * C + i] : 0;
-            for (int64_t j = 0; j < dk; j++) {
-                REAL x = EXP(c->G[r * dk + j] - c->G[i * dk + j]);
+            for (int64_t j = 0; j < dim_k; j++) {
+                REAL x = EXP(c->G[r * dim_k + j] - c->G[i * dim_k + j]);
                 REAL t = (ca * q[j] + cl * kr[j]) * ki[j] * x;
-                c->dQ[r * dk + j] += ca * ki[j] * x;
-                c->dK[r * dk + j] += cl * ki[j] * x;
-                c->dK[i * dk + j] += (ca * q[j] + cl * kr[j]) * x;
+                c->dQ[r * dim_k + j] += ca * ki[j] * x;
+                c->dK[r * dim_k + j] += cl * ki[j] * x;
+                c->dK[i * dim_k + j] += (ca * q[j] + cl * kr[j]) * x;
                 if (i < r) { /* e^{G_r - G_r} = 1 has no gate gradient */
-                    c->dG[r * dk + j] += t;
-                    c->dG[i * dk + j] -= t;
+                    c->dG[r * dim_k + j] += t;
+                    c->dG[i * dim_k + j] -= t;
                 }
             }
         }
@@ -174,7 +181,7 @@ static void SUF(diag_exact_bwd)(const kda_dims *d, const SUF(kda_head) *h, SUF(c
 static void SUF(chunk_pairs)(const kda_dims *d, const SUF(kda_head) *h, SUF(chunk) *c,
                              SUF(kda_mm) *mm)
 {
-    int64_t n = c->n, C = d->C, dk = d->dk;
+    int64_t n = c->n, C = d->C, dim_k = d->dim_k;
     for (int64_t r = 0; r < n; r++) {
         memset(c->A + r * C, 0, (size_t)n * sizeof(REAL));
         memset(c->L + r * C, 0, (size_t)n * sizeof(REAL));
@@ -183,8 +190,9 @@ static void SUF(chunk_pairs)(const kda_dims *d, const SUF(kda_head) *h, SUF(chun
         int64_t e = KDA_MIN(n0 + KDA_SUB, n) - 1, bl = e - n0 + 1, nc;
         int fb;
         SUF(block_sides)(d, h, c, n0, e, &nc, &fb);
-        SUF(mm)(mm, 0, 1, bl, nc, dk, 1, c->Qs, dk, c->Ks, dk, 0, c->A + n0 * C, C);
-        SUF(mm)(mm, 0, 1, bl, nc, dk, 1, c->Qs + bl * dk, dk, c->Ks, dk, 0, c->L + n0 * C, C);
+        SUF(mm)(mm, 0, 1, bl, nc, dim_k, 1, c->Qs, dim_k, c->Ks, dim_k, 0, c->A + n0 * C, C);
+        SUF(mm)(mm, 0, 1, bl, nc, dim_k, 1, c->Qs + bl * dim_k, dim_k, c->Ks, dim_k, 0,
+                c->L + n0 * C, C);
         if (fb)
             SUF(diag_exact)(d, h, c, n0, e);
         else
@@ -203,7 +211,7 @@ static void SUF(chunk_pairs)(const kda_dims *d, const SUF(kda_head) *h, SUF(chun
 static void SUF(chunk_pairs_bwd)(const kda_dims *d, const SUF(kda_head) *h, SUF(chunk) *c,
                                  SUF(kda_mm) *mm)
 {
-    int64_t n = c->n, C = d->C, dk = d->dk;
+    int64_t n = c->n, C = d->C, dim_k = d->dim_k;
     REAL s = (REAL)d->scale;
     /* Aqk[r,r] = scale q_r . k_r carries no decay: taken here, so the gate gradient is not
      * the difference of two sums that both hold it (exact in theory, rounding noise far
@@ -211,8 +219,8 @@ static void SUF(chunk_pairs_bwd)(const kda_dims *d, const SUF(kda_head) *h, SUF(
     for (int64_t r = 0; r < n; r++) {
         const REAL *q = h->q + (c->t0 + r) * h->sq, *k = h->k + (c->t0 + r) * h->sq;
         REAL a = s * c->dA[r * C + r];
-        SUF(axpy)(a, k, c->dQ + r * dk, dk);
-        SUF(axpy)(a, q, c->dK + r * dk, dk);
+        SUF(axpy)(a, k, c->dQ + r * dim_k, dim_k);
+        SUF(axpy)(a, q, c->dK + r * dim_k, dim_k);
         c->dA[r * C + r] = 0;
     }
     for (int64_t n0 = 0; n0 < n; n0 += KDA_SUB) {
@@ -221,24 +229,25 @@ static void SUF(chunk_pairs_bwd)(const kda_dims *d, const SUF(kda_head) *h, SUF(
         SUF(block_sides)(d, h, c, n0, e, &nc, &fb);
         if (nc > 0) {
             const REAL *dA = c->dA + n0 * C, *dL = c->dL + n0 * C;
-            SUF(mm)(mm, 0, 0, bl, dk, nc, 1, dA, C, c->Ks, dk, 0, c->dQs, dk);
-            SUF(mm)(mm, 0, 0, bl, dk, nc, 1, dL, C, c->Ks, dk, 0, c->dQs + bl * dk, dk);
-            SUF(mm)(mm, 1, 0, nc, dk, bl, 1, dA, C, c->Qs, dk, 0, c->dKs, dk);
-            SUF(mm)(mm, 1, 0, nc, dk, bl, 1, dL, C, c->Qs + bl * dk, dk, 1, c->dKs, dk);
+            SUF(mm)(mm, 0, 0, bl, dim_k, nc, 1, dA, C, c->Ks, dim_k, 0, c->dQs, dim_k);
+            SUF(mm)(mm, 0, 0, bl, dim_k, nc, 1, dL, C, c->Ks, dim_k, 0, c->dQs + bl * dim_k, dim_k);
+            SUF(mm)(mm, 1, 0, nc, dim_k, bl, 1, dA, C, c->Qs, dim_k, 0, c->dKs, dim_k);
+            SUF(mm)(mm, 1, 0, nc, dim_k, bl, 1, dL, C, c->Qs + bl * dim_k, dim_k, 1, c->dKs, dim_k);
             for (int64_t r = n0; r <= e; r++) {
                 int64_t rr = r - n0;
-                const REAL *f = c->er + rr * dk, *qs = c->Qs + rr * dk, *ks = c->Qs + (bl + rr) * dk;
-                const REAL *dqs = c->dQs + rr * dk, *dks = c->dQs + (bl + rr) * dk;
-                for (int64_t j = 0; j < dk; j++) {
-                    c->dQ[r * dk + j] += s * f[j] * dqs[j];
-                    c->dK[r * dk + j] += f[j] * dks[j];
-                    c->dG[r * dk + j] += dqs[j] * qs[j] + dks[j] * ks[j];
+                const REAL *f = c->er + rr * dim_k, *qs = c->Qs + rr * dim_k,
+                    *ks = c->Qs + (bl + rr) * dim_k;
+                const REAL *dqs = c->dQs + rr * dim_k, *dks = c->dQs + (bl + rr) * dim_k;
+                for (int64_t j = 0; j < dim_k; j++) {
+                    c->dQ[r * dim_k + j] += s * f[j] * dqs[j];
+                    c->dK[r * dim_k + j] += f[j] * dks[j];
+                    c->dG[r * dim_k + j] += dqs[j] * qs[j] + dks[j] * ks[j];
                 }
             }
             for (int64_t i = 0; i < nc; i++)
-                for (int64_t j = 0; j < dk; j++) {
-                    c->dK[i * dk + j] += c->ek[i * dk + j] * c->dKs[i * dk + j];
-                    c->dG[i * dk + j] -= c->dKs[i * dk + j] * c->Ks[i * dk + j];
+                for (int64_t j = 0; j < dim_k; j++) {
+                    c->dK[i * dim_k + j] += c->ek[i * dim_k + j] * c->dKs[i * dim_k + j];
+                    c->dG[i * dim_k + j] -= c->dKs[i * dim_k + j] * c->Ks[i * dim_k + j];
                 }
         }
         if (fb)
@@ -251,31 +260,31 @@ static void SUF(chunk_pairs_bwd)(const kda_dims *d, const SUF(kda_head) *h, SUF(
 static void SUF(chunk_prep)(const kda_dims *d, const SUF(kda_head) *h, int64_t t0, SUF(chunk) *c,
                             SUF(kda_mm) *mm)
 {
-    int64_t dk = d->dk, n = KDA_MIN(d->C, d->T - t0);
+    int64_t dim_k = d->dim_k, n = KDA_MIN(d->C, d->T - t0);
     REAL s = (REAL)d->scale;
     c->n = n;
     c->t0 = t0;
     for (int64_t r = 0; r < n; r++) {
         const REAL *g = h->g + (t0 + r) * h->sg;
-        for (int64_t j = 0; j < dk; j++) {
-            int64_t x = r * dk + j;
+        for (int64_t j = 0; j < dim_k; j++) {
+            int64_t x = r * dim_k + j;
             c->a[x] = EXP(g[j]);
             /* only read inside blocks that decay < KDA_THETA, where a >= e^-80 */
             c->ai[x] = 1 / c->a[x];
-            c->G[x] = (r ? c->G[x - dk] : 0) + g[j];
-            c->gam[x] = (r ? c->gam[x - dk] : 1) * c->a[x];
+            c->G[x] = (r ? c->G[x - dim_k] : 0) + g[j];
+            c->gam[x] = (r ? c->gam[x - dim_k] : 1) * c->a[x];
         }
         c->bt[r] = h->beta[(t0 + r) * h->sb];
     }
-    for (int64_t j = 0; j < dk; j++)
-        c->gbar[(n - 1) * dk + j] = 1;
+    for (int64_t j = 0; j < dim_k; j++)
+        c->gbar[(n - 1) * dim_k + j] = 1;
     for (int64_t r = n - 2; r >= 0; r--)
-        for (int64_t j = 0; j < dk; j++)
-            c->gbar[r * dk + j] = c->gbar[(r + 1) * dk + j] * c->a[(r + 1) * dk + j];
+        for (int64_t j = 0; j < dim_k; j++)
+            c->gbar[r * dim_k + j] = c->gbar[(r + 1) * dim_k + j] * c->a[(r + 1) * dim_k + j];
     for (int64_t r = 0; r < n; r++) {
         const REAL *q = h->q + (t0 + r) * h->sq, *k = h->k + (t0 + r) * h->sq;
-        for (int64_t j = 0; j < dk; j++) {
-            int64_t x = r * dk + j;
+        for (int64_t j = 0; j < dim_k; j++) {
+            int64_t x = r * dim_k + j;
             c->Qg[x] = s * q[j] * c->gam[x];
             c->Kg[x] = k[j] * c->gam[x];
             c->Kb[x] = k[j] * c->gbar[x];
@@ -324,19 +333,19 @@ static void SUF(subst_bwd)(const kda_dims *d, SUF(chunk) *c, REAL *X, REAL *Rt, 
     }
 }
 
-/* Δ of the chunk for a state S [dk, w]: X = rows of [0 | v | 0] (v at column voff) minus
+/* Δ of the chunk for a state S [dim_k, w]: X = rows of [0 | v | 0] (v at column voff) minus
  * (k ⊙ Γ) S, then the solve. */
 static void SUF(chunk_delta)(const kda_dims *d, const SUF(kda_head) *h, SUF(chunk) *c,
                              const REAL *S, int64_t w, int64_t voff, REAL *X, REAL *Et,
                              SUF(kda_mm) *mm)
 {
-    int64_t n = c->n, dv = d->dv;
+    int64_t n = c->n, dim_v = d->dim_v;
     for (int64_t r = 0; r < n; r++) {
         REAL *xr = X + r * w;
         memset(xr, 0, (size_t)w * sizeof(REAL));
-        memcpy(xr + voff, h->v + (c->t0 + r) * h->sv, (size_t)dv * sizeof(REAL));
+        memcpy(xr + voff, h->v + (c->t0 + r) * h->sv, (size_t)dim_v * sizeof(REAL));
     }
-    SUF(mm)(mm, 0, 0, n, w, d->dk, -1, c->Kg, d->dk, S, w, 1, X, w);
+    SUF(mm)(mm, 0, 0, n, w, d->dim_k, -1, c->Kg, d->dim_k, S, w, 1, X, w);
     SUF(subst_fwd)(d, c, X, w, Et, mm);
 }
 
@@ -344,12 +353,12 @@ static void SUF(chunk_delta)(const kda_dims *d, const SUF(kda_head) *h, SUF(chun
 static void SUF(chunk_advance)(const kda_dims *d, SUF(chunk) *c, REAL *S, int64_t w,
                                const REAL *X, SUF(kda_mm) *mm)
 {
-    int64_t dk = d->dk;
-    const REAL *gl = c->gam + (c->n - 1) * dk;
-    for (int64_t j = 0; j < dk; j++)
+    int64_t dim_k = d->dim_k;
+    const REAL *gl = c->gam + (c->n - 1) * dim_k;
+    for (int64_t j = 0; j < dim_k; j++)
         for (int64_t i = 0; i < w; i++)
             S[j * w + i] *= gl[j];
-    SUF(mm)(mm, 1, 0, dk, w, c->n, 1, c->Kb, dk, X, w, 1, S, w);
+    SUF(mm)(mm, 1, 0, dim_k, w, c->n, 1, c->Kb, dim_k, X, w, 1, S, w);
 }
 
 static void SUF(chunked_fwd_head)(const kda_dims *d, const SUF(kda_head) *h, REAL *w,
@@ -357,7 +366,7 @@ static void SUF(chunked_fwd_head)(const kda_dims *d, const SUF(kda_head) *h, REA
 {
     SUF(chunk) c;
     SUF(chunk_carve)(d, w, &c);
-    int64_t dk = d->dk, dv = d->dv, ns = dk * dv;
+    int64_t dim_k = d->dim_k, dim_v = d->dim_v, ns = dim_k * dim_v;
     if (h->s0)
         memcpy(c.S, h->s0, (size_t)ns * sizeof(REAL));
     else
@@ -365,11 +374,11 @@ static void SUF(chunked_fwd_head)(const kda_dims *d, const SUF(kda_head) *h, REA
     for (int64_t t0 = 0; t0 < d->T; t0 += d->C) {
         memcpy(h->states + t0 / d->C * ns, c.S, (size_t)ns * sizeof(REAL));
         SUF(chunk_prep)(d, h, t0, &c, mm);
-        SUF(chunk_delta)(d, h, &c, c.S, dv, 0, c.X, NULL, mm);
+        SUF(chunk_delta)(d, h, &c, c.S, dim_v, 0, c.X, NULL, mm);
         REAL *o = h->o + t0 * h->sv;
-        SUF(mm)(mm, 0, 0, c.n, dv, dk, 1, c.Qg, dk, c.S, dv, 0, o, h->sv);
-        SUF(mm)(mm, 0, 0, c.n, dv, c.n, 1, c.A, d->C, c.X, dv, 1, o, h->sv);
-        SUF(chunk_advance)(d, &c, c.S, dv, c.X, mm);
+        SUF(mm)(mm, 0, 0, c.n, dim_v, dim_k, 1, c.Qg, dim_k, c.S, dim_v, 0, o, h->sv);
+        SUF(mm)(mm, 0, 0, c.n, dim_v, c.n, 1, c.A, d->C, c.X, dim_v, 1, o, h->sv);
+        SUF(chunk_advance)(d, &c, c.S, dim_v, c.X, mm);
     }
     if (h->s_final)
         memcpy(h->s_final, c.S, (size_t)ns * sizeof(REAL));
@@ -380,44 +389,44 @@ static void SUF(chunked_fwd_head)(const kda_dims *d, const SUF(kda_head) *h, REA
 static void SUF(chunk_bwd)(const kda_dims *d, const SUF(kda_head) *h, SUF(chunk) *c,
                            const REAL *S, SUF(kda_mm) *mm)
 {
-    int64_t n = c->n, t0 = c->t0, C = d->C, dk = d->dk, dv = d->dv, sv = h->sv;
-    const REAL *dO = h->d_o + t0 * sv, *gl = c->gam + (n - 1) * dk;
+    int64_t n = c->n, t0 = c->t0, C = d->C, dim_k = d->dim_k, dim_v = d->dim_v, sv = h->sv;
+    const REAL *dO = h->d_o + t0 * sv, *gl = c->gam + (n - 1) * dim_k;
     REAL s = (REAL)d->scale;
     /* O = Qg S + Aqk Δ;  S' = Diag(Γ_last) S + Kb^T Δ */
-    SUF(mm)(mm, 0, 1, n, n, dv, 1, dO, sv, c->X, dv, 0, c->dA, C);
+    SUF(mm)(mm, 0, 1, n, n, dim_v, 1, dO, sv, c->X, dim_v, 0, c->dA, C);
     for (int64_t r = 0; r < n; r++)
         for (int64_t i = r + 1; i < n; i++)
             c->dA[r * C + i] = 0;
-    SUF(mm)(mm, 1, 0, n, dv, n, 1, c->A, C, dO, sv, 0, c->R, dv);
-    SUF(mm)(mm, 0, 0, n, dv, dk, 1, c->Kb, dk, c->dS, dv, 1, c->R, dv);
-    SUF(mm)(mm, 1, 0, dk, dv, n, 1, c->Qg, dk, dO, sv, 0, c->dSn, dv);
-    for (int64_t j = 0; j < dk; j++) {
-        SUF(axpy)(gl[j], c->dS + j * dv, c->dSn + j * dv, dv);
-        c->dgam[j] = SUF(dot)(S + j * dv, c->dS + j * dv, dv);
+    SUF(mm)(mm, 1, 0, n, dim_v, n, 1, c->A, C, dO, sv, 0, c->R, dim_v);
+    SUF(mm)(mm, 0, 0, n, dim_v, dim_k, 1, c->Kb, dim_k, c->dS, dim_v, 1, c->R, dim_v);
+    SUF(mm)(mm, 1, 0, dim_k, dim_v, n, 1, c->Qg, dim_k, dO, sv, 0, c->dSn, dim_v);
+    for (int64_t j = 0; j < dim_k; j++) {
+        SUF(axpy)(gl[j], c->dS + j * dim_v, c->dSn + j * dim_v, dim_v);
+        c->dgam[j] = SUF(dot)(S + j * dim_v, c->dS + j * dim_v, dim_v);
     }
-    SUF(mm)(mm, 0, 1, n, dk, dv, 1, dO, sv, S, dv, 0, c->dQg, dk);
-    SUF(mm)(mm, 0, 1, n, dk, dv, 1, c->X, dv, c->dS, dv, 0, c->dKb, dk);
+    SUF(mm)(mm, 0, 1, n, dim_k, dim_v, 1, dO, sv, S, dim_v, 0, c->dQg, dim_k);
+    SUF(mm)(mm, 0, 1, n, dim_k, dim_v, 1, c->X, dim_v, c->dS, dim_v, 0, c->dKb, dim_k);
     /* Δ = (I + L)^{-1} (beta ⊙ E),  E = V - Kg S */
-    SUF(subst_bwd)(d, c, c->R, c->Rt, dv, mm);
+    SUF(subst_bwd)(d, c, c->R, c->Rt, dim_v, mm);
     for (int64_t r = 0; r < n; r++) {
-        h->dbeta[(t0 + r) * h->sb] = SUF(dot)(c->Et + r * dv, c->R + r * dv, dv);
-        memcpy(h->dv + (t0 + r) * sv, c->Rt + r * dv, (size_t)dv * sizeof(REAL));
+        h->dbeta[(t0 + r) * h->sb] = SUF(dot)(c->Et + r * dim_v, c->R + r * dim_v, dim_v);
+        memcpy(h->dv + (t0 + r) * sv, c->Rt + r * dim_v, (size_t)dim_v * sizeof(REAL));
     }
-    SUF(mm)(mm, 0, 1, n, n, dv, -1, c->Rt, dv, c->X, dv, 0, c->dL, C);
+    SUF(mm)(mm, 0, 1, n, n, dim_v, -1, c->Rt, dim_v, c->X, dim_v, 0, c->dL, C);
     for (int64_t r = 0; r < n; r++)
         for (int64_t i = r; i < n; i++)
             c->dL[r * C + i] = 0;
-    SUF(mm)(mm, 0, 1, n, dk, dv, -1, c->Rt, dv, S, dv, 0, c->dKg, dk);
-    SUF(mm)(mm, 1, 0, dk, dv, n, -1, c->Kg, dk, c->Rt, dv, 1, c->dSn, dv);
+    SUF(mm)(mm, 0, 1, n, dim_k, dim_v, -1, c->Rt, dim_v, S, dim_v, 0, c->dKg, dim_k);
+    SUF(mm)(mm, 1, 0, dim_k, dim_v, n, -1, c->Kg, dim_k, c->Rt, dim_v, 1, c->dSn, dim_v);
     /* back to q, k and the cumulative gates */
-    memset(c->dQ, 0, (size_t)(n * dk) * sizeof(REAL));
-    memset(c->dK, 0, (size_t)(n * dk) * sizeof(REAL));
-    memset(c->dG, 0, (size_t)(n * dk) * sizeof(REAL));
+    memset(c->dQ, 0, (size_t)(n * dim_k) * sizeof(REAL));
+    memset(c->dK, 0, (size_t)(n * dim_k) * sizeof(REAL));
+    memset(c->dG, 0, (size_t)(n * dim_k) * sizeof(REAL));
     SUF(chunk_pairs_bwd)(d, h, c, mm);
-    REAL *last = c->dG + (n - 1) * dk;
+    REAL *last = c->dG + (n - 1) * dim_k;
     for (int64_t r = 0; r < n; r++)
-        for (int64_t j = 0; j < dk; j++) {
-            int64_t x = r * dk + j;
+        for (int64_t j = 0; j < dim_k; j++) {
+            int64_t x = r * dim_k + j;
             /* Γ̄ of the last row is e^0: no gate gradient (kept out for the same reason) */
             REAL kb = r < n - 1 ? c->dKb[x] * c->Kb[x] : 0;
             c->dQ[x] += s * c->gam[x] * c->dQg[x];
@@ -425,15 +434,15 @@ static void SUF(chunk_bwd)(const kda_dims *d, const SUF(kda_head) *h, SUF(chunk)
             c->dG[x] += c->dQg[x] * c->Qg[x] + c->dKg[x] * c->Kg[x] - kb;
             last[j] += kb;
         }
-    for (int64_t j = 0; j < dk; j++)
+    for (int64_t j = 0; j < dim_k; j++)
         last[j] += gl[j] * c->dgam[j];
     /* G_r = sum_{t <= r} g_t */
     for (int64_t r = n - 2; r >= 0; r--)
-        SUF(axpy)(1, c->dG + (r + 1) * dk, c->dG + r * dk, dk);
+        SUF(axpy)(1, c->dG + (r + 1) * dim_k, c->dG + r * dim_k, dim_k);
     for (int64_t r = 0; r < n; r++) {
-        memcpy(h->dg + (t0 + r) * h->sg, c->dG + r * dk, (size_t)dk * sizeof(REAL));
-        memcpy(h->dq + (t0 + r) * h->sdq, c->dQ + r * dk, (size_t)dk * sizeof(REAL));
-        memcpy(h->dk + (t0 + r) * h->sdq, c->dK + r * dk, (size_t)dk * sizeof(REAL));
+        memcpy(h->dg + (t0 + r) * h->sg, c->dG + r * dim_k, (size_t)dim_k * sizeof(REAL));
+        memcpy(h->dq + (t0 + r) * h->sdq, c->dQ + r * dim_k, (size_t)dim_k * sizeof(REAL));
+        memcpy(h->dk + (t0 + r) * h->sdq, c->dK + r * dim_k, (size_t)dim_k * sizeof(REAL));
     }
 }
 
@@ -442,7 +451,7 @@ static void SUF(chunked_bwd_head)(const kda_dims *d, const SUF(kda_head) *h, REA
 {
     SUF(chunk) c;
     SUF(chunk_carve)(d, w, &c);
-    int64_t ns = d->dk * d->dv, NT = kda_chunks(d->T, d->C);
+    int64_t ns = d->dim_k * d->dim_v, NT = kda_chunks(d->T, d->C);
     if (h->ds_final)
         memcpy(c.dS, h->ds_final, (size_t)ns * sizeof(REAL));
     else
@@ -450,7 +459,7 @@ static void SUF(chunked_bwd_head)(const kda_dims *d, const SUF(kda_head) *h, REA
     for (int64_t ci = NT - 1; ci >= 0; ci--) {
         const REAL *S = h->states + ci * ns;
         SUF(chunk_prep)(d, h, ci * d->C, &c, mm);
-        SUF(chunk_delta)(d, h, &c, S, d->dv, 0, c.X, c.Et, mm);
+        SUF(chunk_delta)(d, h, &c, S, d->dim_v, 0, c.X, c.Et, mm);
         SUF(chunk_bwd)(d, h, &c, S, mm);
         REAL *t = c.dS;
         c.dS = c.dSn;

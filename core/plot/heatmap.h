@@ -1,7 +1,7 @@
 /* A matrix drawn as an SVG heat map (e.g. the depth-attention weights of Block AttnRes: one row
  * per sublayer, one column per source) with no dependency beyond the C library. */
-#ifndef K3RT_TRAIN_HEATMAP_H
-#define K3RT_TRAIN_HEATMAP_H
+#ifndef K3RT_PLOT_HEATMAP_H
+#define K3RT_PLOT_HEATMAP_H
 
 #include <k3rt/errors.h>
 

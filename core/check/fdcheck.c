@@ -1,5 +1,5 @@
 /* Finite-difference gradient checks through the plugin vtables (fdcheck.h). */
-#include "plugin/fdcheck.h"
+#include "check/fdcheck.h"
 
 #include <math.h>
 #include <stdlib.h>

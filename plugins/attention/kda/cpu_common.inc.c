@@ -1,7 +1,6 @@
-/* Pieces shared by the KDA kernels of one dtype (REAL, SUF, KDA_DTYPE, EXP come from
- * cpu_f32.c / cpu_f64.c): the view of one (sequence, value head), a matrix-product wrapper
- * usable inside parallel tasks, a parallel-for over rows, and small row helpers. Every name
- * carries SUF so both instantiations can live in one translation unit (tests, bench). */
+/* Pieces every file of the CPU reference uses, for one REAL (cpu.c defines REAL, SUF,
+ * KDA_DTYPE, EXP, SQRT, LOG1P): the view of one (sequence, value head), a matrix-product
+ * wrapper usable inside parallel tasks, a parallel-for over rows, and small row helpers. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,17 +15,17 @@
 
 /* One (sequence b, value head j) of the recurrence: pointers at token 0, token strides. */
 typedef struct SUF(kda_head) {
-    const REAL *q, *k;        /* qk head j / (HV/H); stride sq = H*dk */
-    const REAL *v, *g, *beta; /* strides sv = HV*dv, sg = HV*dk, sb = HV */
-    const REAL *s0;           /* [dk, dv] or NULL */
+    const REAL *q, *k;        /* qk head j / (HV/H); stride sq = H*dim_k */
+    const REAL *v, *g, *beta; /* strides sv = HV*dim_v, sg = HV*dim_k, sb = HV */
+    const REAL *s0;           /* [dim_k, dim_v] or NULL */
     REAL *o;                  /* stride sv */
-    REAL *states;             /* [NT, dk, dv] state at every chunk start */
-    REAL *s_final;            /* [dk, dv] or NULL */
+    REAL *states;             /* [NT, dim_k, dim_v] state at every chunk start */
+    REAL *s_final;            /* [dim_k, dim_v] or NULL */
     const REAL *d_o;          /* stride sv */
-    const REAL *ds_final;     /* [dk, dv] or NULL */
+    const REAL *ds_final;     /* [dim_k, dim_v] or NULL */
     REAL *dq, *dk;            /* stride sdq: this value head's share of the q/k gradients */
     REAL *dv, *dg, *dbeta;    /* strides sv, sg, sb */
-    REAL *ds0;                /* [dk, dv] or NULL */
+    REAL *ds0;                /* [dim_k, dim_v] or NULL */
     int64_t sq, sv, sg, sb, sdq;
 } SUF(kda_head);
 
