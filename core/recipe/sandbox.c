@@ -14,7 +14,6 @@
 #define DEFAULT_INSTRUCTIONS ((int64_t)100000000)
 #define DEFAULT_SECONDS 10.0
 #define WATCHDOG_GRACE(s) ((s) > 2 ? (s) : 2) /* the watchdog acts at limit + this */
-#define HOOK_EVERY 1000 /* instructions between two budget checks */
 
 static const char ENV_KEY = 0; /* registry key (its address) of the environment table */
 
@@ -25,101 +24,6 @@ static const char *const BASE_WHITELIST[] = {
     "rawequal", "rawget", "rawlen", "rawset", "select", "setmetatable", "tonumber",
     "tostring", "type", "xpcall", "_VERSION",
 };
-
-static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
-{
-    sandbox *sb = ud;
-    size_t old = ptr ? osize : 0; /* for a new block osize encodes the object type */
-    if (nsize == 0) {
-        free(ptr);
-        sb->used -= old;
-        return NULL;
-    }
-    if (nsize > old && nsize - old > sb->limit - sb->used) {
-        /* Lua collects garbage and retries once; failing again raises LUA_ERRMEM. */
-        sb->over_memory = 1;
-        return NULL;
-    }
-    void *p = realloc(ptr, nsize);
-    if (p)
-        sb->used = sb->used - old + nsize;
-    return p;
-}
-
-static sandbox *sandbox_of(lua_State *L)
-{
-    void *ud;
-    lua_getallocf(L, &ud);
-    return ud;
-}
-
-static void count_hook(lua_State *L, lua_Debug *ar);
-
-/* From now on every instruction raises, so a recipe that catches the error with pcall cannot
- * go on: its next instruction outside the pcall raises again. */
-static void stop_everything(lua_State *L, sandbox *sb)
-{
-    if (!sb->over_budget)
-        lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
-    sb->over_budget = 1;
-}
-
-static void count_hook(lua_State *L, lua_Debug *ar)
-{
-    sandbox *sb = sandbox_of(L);
-    sb->spent += HOOK_EVERY;
-    if (lua_getinfo(L, "Sl", ar)) {
-        snprintf(sb->last_src, sizeof sb->last_src, "%s", ar->short_src);
-        sb->last_line = ar->currentline;
-    }
-    if (!sb->over_time && time_now() > sb->deadline)
-        sb->over_time = 1;
-    if (sb->spent > sb->budget || sb->over_time) {
-        stop_everything(L, sb);
-        /* Not luaL_error: inside a hook, level 1 would be the caller of the running line. */
-        if (sb->over_time)
-            lua_pushfstring(L, "%s:%d: recipe exceeded its time limit of %f s (an endless "
-                            "loop?)", sb->last_src, sb->last_line, sb->seconds);
-        else
-            lua_pushfstring(L, "%s:%d: recipe exceeded its instruction budget of %I "
-                            "instructions (an endless loop?)", sb->last_src, sb->last_line,
-                            (lua_Integer)sb->budget);
-        lua_error(L);
-    }
-}
-
-void sandbox_limit_error(lua_State *L, const char *msg)
-{
-    stop_everything(L, sandbox_of(L));
-    luaL_error(L, "%s", msg);
-}
-
-size_t sandbox_memory_left(lua_State *L)
-{
-    sandbox *sb = sandbox_of(L);
-    return sb->limit - sb->used;
-}
-
-void sandbox_charge(lua_State *L, double work, const char *what)
-{
-    sandbox *sb = sandbox_of(L);
-    if (!sb->over_time && time_now() > sb->deadline)
-        sb->over_time = 1;
-    double left = (double)(sb->budget - sb->spent);
-    if (!sb->over_time && !sb->over_budget && work <= left) {
-        sb->spent += (int64_t)work;
-        return;
-    }
-    char msg[256];
-    if (sb->over_time)
-        snprintf(msg, sizeof msg, "%s: recipe exceeded its time limit of %g s", what,
-                 sb->seconds);
-    else
-        snprintf(msg, sizeof msg, "%s: up to %.3g steps in one call, more than the %.0f left of "
-                 "the recipe's instruction budget of %lld", what, work, left > 0 ? left : 0,
-                 (long long)sb->budget);
-    sandbox_limit_error(L, msg);
-}
 
 /* The message handler of lua.c: a string message gets a traceback; other error objects are
  * described by their __tostring or their type. */
@@ -191,7 +95,7 @@ int sandbox_run(sandbox *sb, lua_CFunction fn, void *ud, k3rt_error *err)
     lua_settop(L, 0);
     sb->spent = 0;
     if (sb->over_budget)
-        lua_sethook(L, count_hook, LUA_MASKCOUNT, HOOK_EVERY);
+        sandbox_start_counting(L);
     sb->over_memory = sb->over_budget = sb->over_time = 0;
     sb->last_src[0] = '\0';
     sb->last_line = 0;
@@ -315,7 +219,7 @@ int sandbox_open(sandbox *sb, const recipe_limits *limits, const char *name, k3r
     if (!sb->L)
         return k3rt_fail(err, K3RT_ERR_LIMIT, "%s: cannot create a Lua state within the "
                          "memory limit of %zu bytes", name, sb->limit);
-    lua_sethook(sb->L, count_hook, LUA_MASKCOUNT, HOOK_EVERY);
+    sandbox_start_counting(sb->L);
     return sandbox_run(sb, open_env, NULL, err);
 }
 

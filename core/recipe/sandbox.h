@@ -47,6 +47,10 @@ int sandbox_run(sandbox *sb, lua_CFunction fn, void *ud, k3rt_error *err);
 int sandbox_load(lua_State *L, const char *text, size_t len, const char *chunkname);
 /* Pushes the sandbox environment table. */
 void sandbox_push_env(lua_State *L);
+/* The Lua allocator under the sandbox's memory cap (ud: the sandbox; sandbox_budget.c). */
+void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+/* Counts every HOOK_EVERY instructions against the budget and the clock from now on. */
+void sandbox_start_counting(lua_State *L);
 /* Inside a C function of the sandbox: counts `work` steps (the iterations the function is
  * about to run) against the instruction budget and reads the clock; raises the limit error,
  * naming `what`, when the work does not fit in what is left or the time is up. */
