@@ -1,5 +1,5 @@
 /* latent_moe on CUDA against the CPU.
- *  (a) Routing kernels on the same f32 scores as the CPU's f32 loops (kernels_f32.c, compiled
+ *  (a) Routing kernels on the same f32 scores as the CPU's f32 loops (cpu.c, compiled
  *      into this test): the selection and the counting-sort dispatch must be EQUAL (experts 8,
  *      64, 896, 1024; top-k 1, 2, 8, 16; N up to 3000 tokens, so several sort chunks), with
  *      scores on a coarse grid so that equal biased scores are common (ties go to the lower
@@ -22,7 +22,7 @@
 #include "plugin/rig.h"
 #include "plugin/registry.h"
 #include "latent_moe.h"
-#include "lm_cuda.h"
+#include "lmoe_cuda.h"
 
 static k3rt_stream *H;  /* CPU stream of the reference */
 
@@ -81,12 +81,12 @@ static void routing_case(int64_t N, int E, int k, int skew)
     float *p = malloc((size_t)R * sizeof *p);
     int64_t *counts = malloc((size_t)E * sizeof *counts);
     int64_t *off = malloc((size_t)(E + 1) * sizeof *off);
-    lm_kernels_f32.route(H, s, bias, N, E, k, 1, 1.0, sel, p);
+    lmoe_kernels_f32.route(H, s, bias, N, E, k, 1, 1.0, sel, p);
     dispatch_ref(sel, R, E, counts, off, pos, src);
 
     void *ds = gk_dev_copy(s, (size_t)(N * E) * sizeof *s);
     void *db = gk_dev_copy(bias, (size_t)E * sizeof *bias);
-    size_t scratch = (size_t)lm_cu_dispatch_scratch(R, E);
+    size_t scratch = (size_t)lmoe_cu_dispatch_scratch(R, E);
     void *dsel = gk_alloc((size_t)R * 4), *dp = gk_alloc((size_t)R * 4);
     void *dpos = gk_alloc((size_t)R * 4), *dsrc = gk_alloc((size_t)R * 4);
     void *dcnt = gk_alloc((size_t)E * 8), *doff = gk_alloc((size_t)(E + 1) * 8);
@@ -97,8 +97,8 @@ static void routing_case(int64_t N, int E, int k, int skew)
         gk_poison(bufs[i], sizes[i]);
     gk_poison(dcnt, (size_t)E * 8), gk_poison(doff, (size_t)(E + 1) * 8);
     void *st = k3rt_stream_native(GK_G);
-    TU_OK(lm_cu_route(st, ds, db, N, E, k, 1, 1.0, dsel, dp, &err), err);
-    TU_OK(lm_cu_dispatch(st, dsel, R, E, dscr, dcnt, doff, dpos, dsrc, &err), err);
+    TU_OK(lmoe_cu_route(st, ds, db, N, E, k, 1, 1.0, dsel, dp, &err), err);
+    TU_OK(lmoe_cu_dispatch(st, dsel, R, E, dscr, dcnt, doff, dpos, dsrc, &err), err);
 
     int32_t *gsel = gk_get_raw(dsel, (size_t)R * 4), *gpos = gk_get_raw(dpos, (size_t)R * 4);
     int32_t *gsrc = gk_get_raw(dsrc, (size_t)R * 4);
@@ -158,7 +158,7 @@ typedef struct moe_case {
     const char *extra;  /* more options, "" or starting with a comma */
 } moe_case;
 
-enum { MAXP = LM_N_SLOTS };
+enum { MAXP = LMOE_N_SLOTS };
 
 typedef struct moe_side {
     rig m;

@@ -27,7 +27,7 @@ typedef struct aux_free {
     int64_t *counts;  /* [E] tokens per expert since the last update */
 } aux_free;
 
-static void af_destroy(void *self)
+static void aux_free_destroy(void *self)
 {
     aux_free *b = self;
     if (!b)
@@ -37,7 +37,7 @@ static void af_destroy(void *self)
     free(b);
 }
 
-static int af_create(const k3rt_create_args *a, void **self, k3rt_error *err)
+static int aux_free_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
     aux_free *b = calloc(1, sizeof *b);
     if (!b)
@@ -65,14 +65,14 @@ static int af_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     }
 #endif
     if (rc) {
-        af_destroy(b);
+        aux_free_destroy(b);
         return rc;
     }
     *self = b;
     return K3RT_OK;
 }
 
-static int af_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
+static int aux_free_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 {
     (void)batch, (void)seq;
     const aux_free *b = self;
@@ -83,14 +83,14 @@ static int af_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 }
 
 /* The counts are cleared by every update and checkpoints are taken between steps. */
-static int af_state(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
+static int aux_free_state(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
 {
     aux_free *b = self;
     k3rt_tensor t = k3rt_tensor_view(b->bias, K3RT_F32, b->device, 1, b->E, 0, 0, 0);
     return k3rt_tensor_sink_add(sink, "bias", t, K3RT_STAT_LOCAL, err);
 }
 
-static int af_bias(void *self, k3rt_tensor *out, k3rt_error *err)
+static int aux_free_bias(void *self, k3rt_tensor *out, k3rt_error *err)
 {
     (void)err;
     aux_free *b = self;
@@ -99,7 +99,7 @@ static int af_bias(void *self, k3rt_tensor *out, k3rt_error *err)
 }
 
 /* Called at the start of every step: the counts of a skipped step (no update) are dropped. */
-static void af_reset(void *self)
+static void aux_free_reset(void *self)
 {
     aux_free *b = self;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
@@ -113,13 +113,13 @@ static void af_reset(void *self)
     memset(b->counts, 0, (size_t)b->E * sizeof *b->counts);
 }
 
-static int af_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err)
+static int aux_free_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err)
 {
     aux_free *b = self;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (b->device != K3RT_DEVICE_CPU) {
         K3RT_TRY(bal_cu_enter(b->device, err));
-        return af_cu_accumulate(k3rt_stream_native(s), r->counts.data, b->E, b->counts, err);
+        return aux_free_cu_accumulate(k3rt_stream_native(s), r->counts.data, b->E, b->counts, err);
     }
 #endif
     (void)s;
@@ -130,7 +130,7 @@ static int af_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_er
     return K3RT_OK;
 }
 
-static int af_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err)
+static int aux_free_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err)
 {
     (void)step;
     aux_free *b = self;
@@ -140,7 +140,7 @@ static int af_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (b->device != K3RT_DEVICE_CPU) {
         K3RT_TRY(bal_cu_enter(b->device, err));
-        K3RT_TRY(af_cu_update(k3rt_stream_native(s), b->counts, b->E, b->gamma, b->bias, err));
+        K3RT_TRY(aux_free_cu_update(k3rt_stream_native(s), b->counts, b->E, b->gamma, b->bias, err));
         return k3rt_memset(s, b->counts, b->device, 0, (size_t)b->E * sizeof *b->counts, err);
     }
 #endif
@@ -161,18 +161,18 @@ static int af_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3
 
 static const k3rt_instance_vtable instance = {
     .struct_size = sizeof(k3rt_instance_vtable),
-    .create = af_create,
-    .destroy = af_destroy,
-    .memory = af_memory,
-    .state = af_state,
-    .reset_stats = af_reset,
+    .create = aux_free_create,
+    .destroy = aux_free_destroy,
+    .memory = aux_free_memory,
+    .state = aux_free_state,
+    .reset_stats = aux_free_reset,
 };
 
 static const k3rt_balancer_vtable balancer = {
     .struct_size = sizeof(k3rt_balancer_vtable),
-    .bias = af_bias,
-    .observe = af_observe,
-    .update = af_update,
+    .bias = aux_free_bias,
+    .observe = aux_free_observe,
+    .update = aux_free_update,
 };
 
 static const k3rt_plugin_descriptor descriptor = {

@@ -29,11 +29,11 @@ typedef struct aux_loss {
     double alpha;
     float *bias;   /* [E] zeros: this balancer never biases the selection */
     double *f;     /* [E] scratch (CPU) */
-    void *scratch; /* CUDA: loads and per-token sums of al_cu_loss, then the loss (doubles) */
+    void *scratch; /* CUDA: loads and per-token sums of aux_loss_cu_loss, then the loss (doubles) */
     int64_t scratch_bytes;
 } aux_loss;
 
-static void al_destroy(void *self)
+static void aux_loss_destroy(void *self)
 {
     aux_loss *b = self;
     if (!b)
@@ -44,7 +44,7 @@ static void al_destroy(void *self)
     free(b);
 }
 
-static int al_create(const k3rt_create_args *a, void **self, k3rt_error *err)
+static int aux_loss_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
     aux_loss *b = calloc(1, sizeof *b);
     if (!b)
@@ -67,7 +67,7 @@ static int al_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     }
 #endif
     if (rc) {
-        al_destroy(b);
+        aux_loss_destroy(b);
         return rc;
     }
     *self = b;
@@ -83,10 +83,10 @@ static int al_bias(void *self, k3rt_tensor *out, k3rt_error *err)
 }
 
 #ifdef K3RT_PLUGIN_HAVE_CUDA
-static int al_loss_gpu(aux_loss *b, k3rt_stream *st, const k3rt_routing *r, double scale,
+static int aux_loss_loss_gpu(aux_loss *b, k3rt_stream *st, const k3rt_routing *r, double scale,
                        double *loss, k3rt_tensor d_scores, k3rt_error *err)
 {
-    int64_t need = al_cu_scratch(r->batch, r->seq, b->E) + (int64_t)sizeof(double);
+    int64_t need = aux_loss_cu_scratch(r->batch, r->seq, b->E) + (int64_t)sizeof(double);
     K3RT_TRY(bal_cu_enter(b->device, err));
     if (need > b->scratch_bytes) {
         k3rt_free(b->device, b->scratch); /* earlier work on it is ordered before the next */
@@ -96,7 +96,7 @@ static int al_loss_gpu(aux_loss *b, k3rt_stream *st, const k3rt_routing *r, doub
         b->scratch_bytes = need;
     }
     double *loss_dev = (double *)((char *)b->scratch + need - (int64_t)sizeof(double));
-    K3RT_TRY(al_cu_loss(k3rt_stream_native(st), r->scores.data, r->selected.data, r->batch,
+    K3RT_TRY(aux_loss_cu_loss(k3rt_stream_native(st), r->scores.data, r->selected.data, r->batch,
                         r->seq, b->E, b->k, b->alpha, scale, b->scratch, d_scores.data,
                         loss_dev, err));
     K3RT_TRY(k3rt_memcpy(st, loss, K3RT_DEVICE_CPU, loss_dev, b->device, sizeof *loss, err));
@@ -104,13 +104,13 @@ static int al_loss_gpu(aux_loss *b, k3rt_stream *st, const k3rt_routing *r, doub
 }
 #endif
 
-static int al_loss(void *self, k3rt_stream *st, const k3rt_routing *r, double scale,
+static int aux_loss_loss(void *self, k3rt_stream *st, const k3rt_routing *r, double scale,
                    double *loss, k3rt_tensor d_scores, k3rt_error *err)
 {
     aux_loss *b = self;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (b->device != K3RT_DEVICE_CPU)
-        return al_loss_gpu(b, st, r, scale, loss, d_scores, err);
+        return aux_loss_loss_gpu(b, st, r, scale, loss, d_scores, err);
 #endif
     (void)st, (void)err;
     const float *s = r->scores.data;
@@ -150,7 +150,7 @@ static int al_loss(void *self, k3rt_stream *st, const k3rt_routing *r, double sc
 }
 
 /* The loss acts through the gradient; there is no statistic to fold in between steps. */
-static int al_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err)
+static int aux_loss_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err)
 {
     (void)self, (void)s, (void)dp, (void)step, (void)err;
     return K3RT_OK;
@@ -158,15 +158,15 @@ static int al_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3
 
 static const k3rt_instance_vtable instance = {
     .struct_size = sizeof(k3rt_instance_vtable),
-    .create = al_create,
-    .destroy = al_destroy,
+    .create = aux_loss_create,
+    .destroy = aux_loss_destroy,
 };
 
 static const k3rt_balancer_vtable balancer = {
     .struct_size = sizeof(k3rt_balancer_vtable),
     .bias = al_bias,
-    .aux_loss = al_loss,
-    .update = al_update,
+    .aux_loss = aux_loss_loss,
+    .update = aux_loss_update,
 };
 
 static const k3rt_plugin_descriptor descriptor = {

@@ -105,7 +105,7 @@ unsigned grid(int64_t n) { return (unsigned)(n > 0 ? n : 1); }
 
 }  // namespace
 
-extern "C" int af_cu_accumulate(void *stream, const int64_t *counts, int E, int64_t *acc,
+extern "C" int aux_free_cu_accumulate(void *stream, const int64_t *counts, int E, int64_t *acc,
                                 k3rt_error *err)
 {
     accumulate_kernel<<<grid((E + 255) / 256), 256, 0, (cudaStream_t)stream>>>(counts, E, acc);
@@ -113,7 +113,7 @@ extern "C" int af_cu_accumulate(void *stream, const int64_t *counts, int E, int6
     return K3RT_OK;
 }
 
-extern "C" int af_cu_update(void *stream, const int64_t *acc, int E, double gamma, float *bias,
+extern "C" int aux_free_cu_update(void *stream, const int64_t *acc, int E, double gamma, float *bias,
                             k3rt_error *err)
 {
     sign_update_kernel<<<1, 256, 0, (cudaStream_t)stream>>>(acc, E, gamma, bias);
@@ -121,12 +121,12 @@ extern "C" int af_cu_update(void *stream, const int64_t *acc, int E, double gamm
     return K3RT_OK;
 }
 
-extern "C" int64_t al_cu_scratch(int64_t B, int64_t T, int E)
+extern "C" int64_t aux_loss_cu_scratch(int64_t B, int64_t T, int E)
 {
     return (B * E + B * T) * (int64_t)sizeof(double);
 }
 
-extern "C" int al_cu_loss(void *stream, const float *scores, const int32_t *sel, int64_t B,
+extern "C" int aux_loss_cu_loss(void *stream, const float *scores, const int32_t *sel, int64_t B,
                           int64_t T, int E, int k, double alpha, double scale, void *scratch,
                           float *d_scores, double *loss_dev, k3rt_error *err)
 {

@@ -27,39 +27,39 @@ int bal_cu_zero(void *stream, void *p, size_t bytes, k3rt_error *err);
 
 /* ---- quantile ---- */
 
-/* window[0..1] = (lo, w): [min b - 1, max b + 1] in `bins` bins (the CPU's qb_window). */
-int qb_cu_window(void *stream, const float *bias, int E, int64_t bins, double *window,
+/* window[0..1] = (lo, w): [min b - 1, max b + 1] in `bins` bins (the CPU's quantile_window). */
+int quantile_cu_window(void *stream, const float *bias, int E, int64_t bins, double *window,
                  k3rt_error *err);
 /* Per token: alpha = (k+1)-th largest (double) s + b; r = alpha - s. r_out != NULL: the rows
  * [N, E] (exact mode); else hist[e, bin(r)] += 1 over window (histogram mode). */
-int qb_cu_observe(void *stream, const float *scores, const float *bias, int64_t N, int E, int k,
+int quantile_cu_observe(void *stream, const float *scores, const float *bias, int64_t N, int E, int k,
                   const double *window, int64_t bins, double *r_out, unsigned long long *hist,
                   k3rt_error *err);
 /* bhat[e] = the idx-th smallest (0-based) of column e of r [n, E] (NaN sorts last). */
-int qb_cu_select(void *stream, const double *r, int64_t n, int E, int64_t idx, double *bhat,
+int quantile_cu_select(void *stream, const double *r, int64_t n, int E, int64_t idx, double *bhat,
                  k3rt_error *err);
 /* bhat[e] from the histogram: the first bin whose cumulative count reaches ceil(tau),
  * interpolated linearly inside it. */
-int qb_cu_hist_quantiles(void *stream, const unsigned long long *hist, int E, int64_t bins,
+int quantile_cu_hist_quantiles(void *stream, const unsigned long long *hist, int E, int64_t bins,
                          const double *window, double tau, double *bhat, k3rt_error *err);
 /* bias = (float)(bhat - mean(bhat)), the mean summed in expert order. */
-int qb_cu_center(void *stream, const double *bhat, int E, float *bias, k3rt_error *err);
+int quantile_cu_center(void *stream, const double *bhat, int E, float *bias, k3rt_error *err);
 
 /* ---- aux_free ---- */
 
 /* acc[e] += counts[e] (i64). */
-int af_cu_accumulate(void *stream, const int64_t *counts, int E, int64_t *acc, k3rt_error *err);
+int aux_free_cu_accumulate(void *stream, const int64_t *counts, int E, int64_t *acc, k3rt_error *err);
 /* With total = sum acc > 0: bias[e] = (float)(bias[e] + gamma sign(total - E acc[e])). */
-int af_cu_update(void *stream, const int64_t *acc, int E, double gamma, float *bias,
+int aux_free_cu_update(void *stream, const int64_t *acc, int E, double gamma, float *bias,
                  k3rt_error *err);
 
 /* ---- aux_loss ---- */
 
-/* Bytes of scratch al_cu_loss needs for B sequences of T tokens. */
-int64_t al_cu_scratch(int64_t B, int64_t T, int E);
+/* Bytes of scratch aux_loss_cu_loss needs for B sequences of T tokens. */
+int64_t aux_loss_cu_scratch(int64_t B, int64_t T, int E);
 /* The sequence-wise balance loss of B sequences of T tokens (spec §3): d_scores [N, E] f32
  * receives scale * dL/ds, *loss_dev (one device double) the loss, the mean over sequences. */
-int al_cu_loss(void *stream, const float *scores, const int32_t *sel, int64_t B, int64_t T,
+int aux_loss_cu_loss(void *stream, const float *scores, const int32_t *sel, int64_t B, int64_t T,
                int E, int k, double alpha, double scale, void *scratch, float *d_scores,
                double *loss_dev, k3rt_error *err);
 

@@ -166,7 +166,7 @@ extern "C" int bal_cu_zero(void *stream, void *p, size_t bytes, k3rt_error *err)
     return e == cudaSuccess ? K3RT_OK : bal_cu_fail(err, e, "zeroing balancer state");
 }
 
-extern "C" int qb_cu_window(void *stream, const float *bias, int E, int64_t bins, double *window,
+extern "C" int quantile_cu_window(void *stream, const float *bias, int E, int64_t bins, double *window,
                             k3rt_error *err)
 {
     window_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(bias, E, bins, window);
@@ -174,7 +174,7 @@ extern "C" int qb_cu_window(void *stream, const float *bias, int E, int64_t bins
     return K3RT_OK;
 }
 
-extern "C" int qb_cu_observe(void *stream, const float *scores, const float *bias, int64_t N,
+extern "C" int quantile_cu_observe(void *stream, const float *scores, const float *bias, int64_t N,
                              int E, int k, const double *window, int64_t bins, double *r_out,
                              unsigned long long *hist, k3rt_error *err)
 {
@@ -189,7 +189,7 @@ extern "C" int qb_cu_observe(void *stream, const float *scores, const float *bia
     return K3RT_OK;
 }
 
-extern "C" int qb_cu_select(void *stream, const double *r, int64_t n, int E, int64_t idx,
+extern "C" int quantile_cu_select(void *stream, const double *r, int64_t n, int E, int64_t idx,
                             double *bhat, k3rt_error *err)
 {
     if (n < 1 || idx < 0 || idx >= n)
@@ -200,7 +200,7 @@ extern "C" int qb_cu_select(void *stream, const double *r, int64_t n, int E, int
     return K3RT_OK;
 }
 
-extern "C" int qb_cu_hist_quantiles(void *stream, const unsigned long long *hist, int E,
+extern "C" int quantile_cu_hist_quantiles(void *stream, const unsigned long long *hist, int E,
                                     int64_t bins, const double *window, double tau,
                                     double *bhat, k3rt_error *err)
 {
@@ -210,7 +210,7 @@ extern "C" int qb_cu_hist_quantiles(void *stream, const unsigned long long *hist
     return K3RT_OK;
 }
 
-extern "C" int qb_cu_center(void *stream, const double *bhat, int E, float *bias,
+extern "C" int quantile_cu_center(void *stream, const double *bhat, int E, float *bias,
                             k3rt_error *err)
 {
     center_kernel<<<1, 256, 0, (cudaStream_t)stream>>>(bhat, E, bias);

@@ -13,14 +13,14 @@ static const k3rt_option options[] = {
      "histogram bins over [min b - 1, max b + 1]; the bias error is about one bin width"},
 };
 
-static void qb_destroy(void *self)
+static void quantile_destroy(void *self)
 {
-    qb *q = self;
+    quantile_balancer *q = self;
     if (!q)
         return;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (q->device != K3RT_DEVICE_CPU)
-        qb_gpu_free(q);
+        quantile_gpu_free(q);
 #endif
     free(q->bias);
     free(q->hist);
@@ -29,13 +29,13 @@ static void qb_destroy(void *self)
     free(q);
 }
 
-static int qb_create(const k3rt_create_args *a, void **self, k3rt_error *err)
+static int quantile_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
     if (a->top_k >= a->n_experts)
         return k3rt_fail(err, K3RT_ERR_INVALID, "quantile: needs top_k < experts (the cutoff is "
                          "the (k+1)-th score), got top-%d of %d experts", a->top_k,
                          a->n_experts);
-    qb *q = calloc(1, sizeof *q);
+    quantile_balancer *q = calloc(1, sizeof *q);
     if (!q)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "quantile: out of memory");
     q->device = a->device;
@@ -46,9 +46,9 @@ static int qb_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     q->bins = k3rt_cfg_int(a->config, "bins");
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (q->device != K3RT_DEVICE_CPU) {
-        int rc = qb_gpu_alloc(q, err);
+        int rc = quantile_gpu_alloc(q, err);
         if (rc) {
-            qb_destroy(q);
+            quantile_destroy(q);
             return rc;
         }
         *self = q;
@@ -60,16 +60,16 @@ static int qb_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     if (q->mode == QB_HISTOGRAM)
         q->hist = calloc((size_t)(q->E * q->bins), sizeof *q->hist);
     if (!q->bias || !q->top || (q->mode == QB_HISTOGRAM && !q->hist)) {
-        qb_destroy(q);
+        quantile_destroy(q);
         return k3rt_fail(err, K3RT_ERR_NOMEM, "quantile: out of memory");
     }
     *self = q;
     return K3RT_OK;
 }
 
-static int qb_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
+static int quantile_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 {
-    const qb *q = self;
+    const quantile_balancer *q = self;
     out->saved_bytes = 0;
     out->workspace_bytes = 0;
     /* the histograms, or one step's required biases (one micro-batch's worth shown) */
@@ -80,22 +80,22 @@ static int qb_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 
 /* Only the bias persists: the statistics are cleared by every update, and checkpoints are
  * taken between steps. */
-static int qb_state(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
+static int quantile_state(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
 {
-    qb *q = self;
+    quantile_balancer *q = self;
     k3rt_tensor t = k3rt_tensor_view(q->bias, K3RT_F32, q->device, 1, q->E, 0, 0, 0);
     return k3rt_tensor_sink_add(sink, "bias", t, K3RT_STAT_LOCAL, err);
 }
 
 /* Called at the start of every step: statistics of a step that was skipped (non-finite loss,
  * so no update) must not leak into the next one. */
-static void qb_reset(void *self)
+static void quantile_reset(void *self)
 {
-    qb *q = self;
+    quantile_balancer *q = self;
     q->ntok = 0;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (q->device != K3RT_DEVICE_CPU) {
-        qb_gpu_reset(q);
+        quantile_gpu_reset(q);
         return;
     }
 #endif
@@ -103,28 +103,28 @@ static void qb_reset(void *self)
         memset(q->hist, 0, (size_t)(q->E * q->bins) * sizeof *q->hist);
 }
 
-static int qb_bias(void *self, k3rt_tensor *out, k3rt_error *err)
+static int quantile_bias(void *self, k3rt_tensor *out, k3rt_error *err)
 {
     (void)err;
-    qb *q = self;
+    quantile_balancer *q = self;
     *out = k3rt_tensor_view(q->bias, K3RT_F32, q->device, 1, q->E, 0, 0, 0);
     return K3RT_OK;
 }
 
 static const k3rt_instance_vtable instance = {
     .struct_size = sizeof(k3rt_instance_vtable),
-    .create = qb_create,
-    .destroy = qb_destroy,
-    .memory = qb_memory,
-    .state = qb_state,
-    .reset_stats = qb_reset,
+    .create = quantile_create,
+    .destroy = quantile_destroy,
+    .memory = quantile_memory,
+    .state = quantile_state,
+    .reset_stats = quantile_reset,
 };
 
 static const k3rt_balancer_vtable balancer = {
     .struct_size = sizeof(k3rt_balancer_vtable),
-    .bias = qb_bias,
-    .observe = qb_observe,
-    .update = qb_update,
+    .bias = quantile_bias,
+    .observe = quantile_observe,
+    .update = quantile_update,
 };
 
 static const k3rt_plugin_descriptor descriptor = {

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void qb_window(const qb *q, double *lo, double *w)
+void quantile_window(const quantile_balancer *q, double *lo, double *w)
 {
     double mn = q->bias[0], mx = q->bias[0];
     for (int e = 1; e < q->E; e++) {
@@ -49,7 +49,7 @@ static double cutoff(const float *s, const float *b, int E, int k, double *top)
     return top[k];
 }
 
-static int grow_rows(qb *q, int64_t rows, k3rt_error *err)
+static int grow_rows(quantile_balancer *q, int64_t rows, k3rt_error *err)
 {
     if (rows <= q->r_cap)
         return K3RT_OK;
@@ -63,18 +63,18 @@ static int grow_rows(qb *q, int64_t rows, k3rt_error *err)
     return K3RT_OK;
 }
 
-int qb_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err)
+int quantile_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err)
 {
-    qb *q = self;
+    quantile_balancer *q = self;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (q->device != K3RT_DEVICE_CPU)
-        return qb_gpu_observe(q, s, r, err);
+        return quantile_gpu_observe(q, s, r, err);
 #endif
     (void)s;
     int64_t N = r->batch * r->seq;
     const float *sc = r->scores.data;
     double lo, w;
-    qb_window(q, &lo, &w);
+    quantile_window(q, &lo, &w);
     if (q->mode == QB_EXACT)
         K3RT_TRY(grow_rows(q, q->ntok + N, err));
     for (int64_t i = 0; i < N; i++) {
@@ -106,7 +106,7 @@ static int cmp_double(const void *pa, const void *pb)
 }
 
 /* b_hat from every rank's required biases: one sorted column per expert. */
-static int exact_quantiles(qb *q, k3rt_stream *s, k3rt_comm *dp, double *bhat, int64_t *total,
+static int exact_quantiles(quantile_balancer *q, k3rt_stream *s, k3rt_comm *dp, double *bhat, int64_t *total,
                            k3rt_error *err)
 {
     int ranks = k3rt_comm_size(dp), E = q->E;
@@ -155,7 +155,7 @@ static int exact_quantiles(qb *q, k3rt_stream *s, k3rt_comm *dp, double *bhat, i
 
 /* b_hat from the summed histograms: the first bin whose cumulative count reaches ceil(tau),
  * interpolated linearly inside it. */
-static int histogram_quantiles(qb *q, k3rt_stream *s, k3rt_comm *dp, double *bhat,
+static int histogram_quantiles(quantile_balancer *q, k3rt_stream *s, k3rt_comm *dp, double *bhat,
                                int64_t *total, k3rt_error *err)
 {
     if (k3rt_comm_size(dp) > 1) {
@@ -165,7 +165,7 @@ static int histogram_quantiles(qb *q, k3rt_stream *s, k3rt_comm *dp, double *bha
     }
     *total = q->ntok;
     double lo, w, tau = (double)q->ntok * q->k / q->E, target = ceil(tau);
-    qb_window(q, &lo, &w);
+    quantile_window(q, &lo, &w);
     for (int e = 0; e < q->E; e++) {
         const int64_t *h = q->hist + e * q->bins;
         int64_t cum = 0, b = 0;
@@ -179,13 +179,13 @@ static int histogram_quantiles(qb *q, k3rt_stream *s, k3rt_comm *dp, double *bha
     return K3RT_OK;
 }
 
-int qb_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err)
+int quantile_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err)
 {
     (void)step;
-    qb *q = self;
+    quantile_balancer *q = self;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (q->device != K3RT_DEVICE_CPU)
-        return qb_gpu_update(q, s, dp, err);
+        return quantile_gpu_update(q, s, dp, err);
 #endif
     double *bhat = calloc((size_t)q->E, sizeof *bhat);
     if (!bhat)

@@ -7,7 +7,7 @@
 
 enum { QB_EXACT = 0, QB_HISTOGRAM = 1 };
 
-typedef struct qb {
+typedef struct quantile_balancer {
     int device;
     k3rt_stream *stream;  /* the run's compute stream (create): where reset_stats zeroes */
     int E, k;             /* experts of the MoE layer, experts per token (k < E) */
@@ -23,19 +23,19 @@ typedef struct qb {
     /* On CUDA bias, hist and r are device memory (hist as unsigned 64-bit counts) and work
      * holds the window (lo, w) and b_hat [E] (doubles). */
     double *work;
-} qb;
+} quantile_balancer;
 
 /* The window [lo, lo + bins * w) holding every required bias under the current bias. */
-void qb_window(const qb *q, double *lo, double *w);
-int qb_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err);
-int qb_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err);
+void quantile_window(const quantile_balancer *q, double *lo, double *w);
+int quantile_observe(void *self, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err);
+int quantile_update(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err);
 
 /* The same on CUDA (quantile_cuda.c, built with K3RT_PLUGIN_HAVE_CUDA): the state allocated
  * and freed on the device, the statistics and the update by the kernels of bal_cuda.h. */
-int qb_gpu_alloc(qb *q, k3rt_error *err);
-void qb_gpu_free(qb *q);
-void qb_gpu_reset(qb *q);
-int qb_gpu_observe(qb *q, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err);
-int qb_gpu_update(qb *q, k3rt_stream *s, k3rt_comm *dp, k3rt_error *err);
+int quantile_gpu_alloc(quantile_balancer *q, k3rt_error *err);
+void quantile_gpu_free(quantile_balancer *q);
+void quantile_gpu_reset(quantile_balancer *q);
+int quantile_gpu_observe(quantile_balancer *q, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err);
+int quantile_gpu_update(quantile_balancer *q, k3rt_stream *s, k3rt_comm *dp, k3rt_error *err);
 
 #endif

@@ -9,7 +9,7 @@
 #include "quantile.h"
 #include "bal_cuda.h"
 
-int qb_gpu_alloc(qb *q, k3rt_error *err)
+int quantile_gpu_alloc(quantile_balancer *q, k3rt_error *err)
 {
     if (q->E > BAL_CU_MAX_EXPERTS)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "quantile: on CUDA experts must be <= %d, "
@@ -29,7 +29,7 @@ int qb_gpu_alloc(qb *q, k3rt_error *err)
     return K3RT_OK;
 }
 
-void qb_gpu_free(qb *q)
+void quantile_gpu_free(quantile_balancer *q)
 {
     void *bufs[] = {q->bias, q->hist, q->r, q->work};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -38,7 +38,7 @@ void qb_gpu_free(qb *q)
     q->bias = NULL, q->hist = NULL, q->r = NULL, q->work = NULL;
 }
 
-void qb_gpu_reset(qb *q)
+void quantile_gpu_reset(quantile_balancer *q)
 {
     k3rt_error err = {0};
     q->ntok = 0;
@@ -48,7 +48,7 @@ void qb_gpu_reset(qb *q)
 }
 
 /* Room for `rows` required-bias rows: a larger block, the old rows copied over on the stream. */
-static int grow_rows(qb *q, k3rt_stream *s, int64_t rows, k3rt_error *err)
+static int grow_rows(quantile_balancer *q, k3rt_stream *s, int64_t rows, k3rt_error *err)
 {
     if (rows <= q->r_cap)
         return K3RT_OK;
@@ -72,22 +72,22 @@ static int grow_rows(qb *q, k3rt_stream *s, int64_t rows, k3rt_error *err)
     return K3RT_OK;
 }
 
-int qb_gpu_observe(qb *q, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err)
+int quantile_gpu_observe(quantile_balancer *q, k3rt_stream *s, const k3rt_routing *r, k3rt_error *err)
 {
     int64_t N = r->batch * r->seq;
     void *st = k3rt_stream_native(s);
     K3RT_TRY(bal_cu_enter(q->device, err));
     if (q->mode == QB_EXACT)
         K3RT_TRY(grow_rows(q, s, q->ntok + N, err));
-    K3RT_TRY(qb_cu_window(st, q->bias, q->E, q->bins, q->work, err));
+    K3RT_TRY(quantile_cu_window(st, q->bias, q->E, q->bins, q->work, err));
     double *rows = q->mode == QB_EXACT ? q->r + q->ntok * q->E : NULL;
-    K3RT_TRY(qb_cu_observe(st, r->scores.data, q->bias, N, q->E, q->k, q->work, q->bins, rows,
+    K3RT_TRY(quantile_cu_observe(st, r->scores.data, q->bias, N, q->E, q->k, q->work, q->bins, rows,
                            (unsigned long long *)q->hist, err));
     q->ntok += N;
     return K3RT_OK;
 }
 
-int qb_gpu_update(qb *q, k3rt_stream *s, k3rt_comm *dp, k3rt_error *err)
+int quantile_gpu_update(quantile_balancer *q, k3rt_stream *s, k3rt_comm *dp, k3rt_error *err)
 {
     void *st = k3rt_stream_native(s);
     double *bhat = q->work + 2;
@@ -113,14 +113,14 @@ int qb_gpu_update(qb *q, k3rt_stream *s, k3rt_comm *dp, k3rt_error *err)
     if (tau >= 1.0) {
         if (q->mode == QB_EXACT) {
             int64_t idx = (int64_t)floor(tau);
-            K3RT_TRY(qb_cu_select(st, q->r, total, q->E, idx < total ? idx : total - 1, bhat,
+            K3RT_TRY(quantile_cu_select(st, q->r, total, q->E, idx < total ? idx : total - 1, bhat,
                                   err));
         } else {
-            K3RT_TRY(qb_cu_window(st, q->bias, q->E, q->bins, q->work, err));
-            K3RT_TRY(qb_cu_hist_quantiles(st, (const unsigned long long *)q->hist, q->E,
+            K3RT_TRY(quantile_cu_window(st, q->bias, q->E, q->bins, q->work, err));
+            K3RT_TRY(quantile_cu_hist_quantiles(st, (const unsigned long long *)q->hist, q->E,
                                           q->bins, q->work, tau, bhat, err));
         }
-        K3RT_TRY(qb_cu_center(st, bhat, q->E, q->bias, err));
+        K3RT_TRY(quantile_cu_center(st, bhat, q->E, q->bias, err));
     }
     q->ntok = 0;
     if (q->hist)

@@ -1,5 +1,5 @@
-/* The token loops of LatentMoE, written once over REAL and included by kernels_f32.c and
- * kernels_f64.c with REAL and SUF(name) defined. The matrix products are core ops (moe.c);
+/* The token loops of LatentMoE, written once over REAL and included by cpu.c (float,
+ * double) with REAL and SUF(name) defined. The matrix products are core ops (moe.c);
  * what is here moves rows between token order and expert-grouped order and handles the
  * router. Shapes: N tokens, E experts, k slots per token, l latent width; pos[t, j] is the row
  * of (token t, slot j) in the grouped buffers. Each loop runs over a range of tokens, and every
@@ -9,7 +9,7 @@
 #include "latent_moe.h"
 
 /* Tokens per parallel task: enough work to amortise a thread hand-off. */
-#define LM_GRAIN 64
+#define LMOE_GRAIN 64
 
 typedef struct SUF(route_ctx) {
     const REAL *s;
@@ -62,7 +62,7 @@ static void SUF(route)(k3rt_stream *st, const void *s, const float *bias, int64_
                        int64_t k, int renormalize, double rscale, int32_t *sel, void *p)
 {
     SUF(route_ctx) c = {s, bias, E, k, renormalize, (REAL)rscale, sel, p};
-    k3rt_parallel_for(st, N, LM_GRAIN, SUF(route_range), &c);
+    k3rt_parallel_for(st, N, LMOE_GRAIN, SUF(route_range), &c);
 }
 
 /* Rows between token order and grouped order. */
@@ -86,7 +86,7 @@ static void SUF(gather)(k3rt_stream *st, const void *c_, const int32_t *pos, int
                         int64_t k, int64_t l, void *xe)
 {
     SUF(rows_ctx) c = {.src = c_, .pos = pos, .k = k, .l = l, .dst = xe};
-    k3rt_parallel_for(st, N, LM_GRAIN, SUF(gather_range), &c);
+    k3rt_parallel_for(st, N, LMOE_GRAIN, SUF(gather_range), &c);
 }
 
 /* U[t] = sum_j p[t, j] ye[pos[t, j]] (or dc[t] = sum_j dxe[pos[t, j]] when p is NULL). */
@@ -111,14 +111,14 @@ static void SUF(combine)(k3rt_stream *st, const void *ye, const int32_t *pos, co
                          int64_t N, int64_t k, int64_t l, void *U)
 {
     SUF(rows_ctx) c = {.src = ye, .p = p, .pos = pos, .k = k, .l = l, .dst = U};
-    k3rt_parallel_for(st, N, LM_GRAIN, SUF(sum_range), &c);
+    k3rt_parallel_for(st, N, LMOE_GRAIN, SUF(sum_range), &c);
 }
 
 static void SUF(scatter)(k3rt_stream *st, const void *dxe, const int32_t *pos, int64_t N,
                          int64_t k, int64_t l, void *dc)
 {
     SUF(rows_ctx) c = {.src = dxe, .p = NULL, .pos = pos, .k = k, .l = l, .dst = dc};
-    k3rt_parallel_for(st, N, LM_GRAIN, SUF(sum_range), &c);
+    k3rt_parallel_for(st, N, LMOE_GRAIN, SUF(sum_range), &c);
 }
 
 /* dp[t, j] = dU[t] . ye[row] ;  dye[row] = p[t, j] dU[t] */
@@ -147,7 +147,7 @@ static void SUF(combine_bwd)(k3rt_stream *st, const void *dU, const void *ye,
 {
     SUF(rows_ctx) c = {.src = dU, .p = p, .ye = ye, .pos = pos, .k = k, .l = l, .dst = dye,
                        .dp = dp};
-    k3rt_parallel_for(st, N, LM_GRAIN, SUF(combine_bwd_range), &c);
+    k3rt_parallel_for(st, N, LMOE_GRAIN, SUF(combine_bwd_range), &c);
 }
 
 /* Router backward per token (spec §1), with S = sum of the chosen scores + 1e-20:
@@ -197,10 +197,10 @@ static void SUF(router_bwd)(k3rt_stream *st, const void *s, const int32_t *sel, 
                             int renormalize, double rscale, void *dz)
 {
     SUF(router_ctx) c = {s, dp, sel, d_scores, E, k, renormalize, (REAL)rscale, dz};
-    k3rt_parallel_for(st, N, LM_GRAIN, SUF(router_bwd_range), &c);
+    k3rt_parallel_for(st, N, LMOE_GRAIN, SUF(router_bwd_range), &c);
 }
 
-const lm_kernels SUF(lm_kernels) = {
+const lmoe_kernels SUF(lmoe_kernels) = {
     .route = SUF(route),
     .gather = SUF(gather),
     .combine = SUF(combine),

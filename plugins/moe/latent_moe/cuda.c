@@ -1,7 +1,7 @@
 /* Stable LatentMoE on CUDA, f32 or bf16: the layer of moe.c in the same order over device
  * buffers. Products, the GLUs, the latent RMSNorm and the sigmoid are the shared ops (k3rt/ops.h);
  * routing, the counting-sort dispatch, the gather, the combine and the router's backward are this
- * plugin's kernels (cuda/lm_cuda.h).
+ * plugin's kernels (cuda/lmoe_cuda.h).
  *
  * Precision: under bf16 the activations, weights and activation gradients are bf16 and the
  * parameter gradients f32 (the run's bf16 mode); the router is an fp32 GEMM on the bf16 values
@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "latent_moe.h"
-#include "cuda/lm_cuda.h"
+#include "cuda/lmoe_cuda.h"
 
 #define P(i) (a->params[f->slot[(i)]].data)
 #define G(i) (a->grads[f->slot[(i)]].data)
@@ -69,7 +69,7 @@ static void layout_make(const latent_moe *f, int64_t N, cu_layout *L)
     at = 0;
     L->x32 = take(&at, bf ? N * f->d * 4 : 0);
     L->w32 = take(&at, bf ? E * f->d * 4 : 0);
-    L->sort = take(&at, lm_cu_dispatch_scratch(R, E));
+    L->sort = take(&at, lmoe_cu_dispatch_scratch(R, E));
     L->xe = take(&at, R * l * es);
     L->fwd = at;
 
@@ -92,19 +92,19 @@ static void layout_make(const latent_moe *f, int64_t N, cu_layout *L)
     L->workspace = L->bwd > L->fwd ? L->bwd : L->fwd;
 }
 
-int lm_gpu_check(const latent_moe *f, k3rt_error *err)
+int lmoe_gpu_check(const latent_moe *f, k3rt_error *err)
 {
-    if (f->E > LM_CU_MAX_EXPERTS || f->k > LM_CU_MAX_TOPK)
+    if (f->E > LMOE_CU_MAX_EXPERTS || f->k > LMOE_CU_MAX_TOPK)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "latent_moe: on CUDA experts must be <= %d "
-                         "and top_k <= %d, got %lld experts top-%lld", LM_CU_MAX_EXPERTS,
-                         LM_CU_MAX_TOPK, (long long)f->E, (long long)f->k);
+                         "and top_k <= %d, got %lld experts top-%lld", LMOE_CU_MAX_EXPERTS,
+                         LMOE_CU_MAX_TOPK, (long long)f->E, (long long)f->k);
     if (f->dtype != K3RT_F32 && f->dtype != K3RT_BF16)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "latent_moe: on CUDA the compute dtype is f32 "
                          "or bf16, got %s", k3rt_dtype_name(f->dtype));
     return K3RT_OK;
 }
 
-void lm_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out)
+void lmoe_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out)
 {
     cu_layout L;
     layout_make(f, tokens, &L);
@@ -127,7 +127,7 @@ static int router_fwd(const latent_moe *f, const k3rt_fwd_args *a, const cu_layo
 {
     k3rt_stream *st = a->stream;
     int64_t N = a->batch * a->seq, d = f->d, E = f->E;
-    const void *x = a->x.data, *w = P(LM_ROUTER);
+    const void *x = a->x.data, *w = P(LMOE_ROUTER);
     if (f->dtype == K3RT_BF16) {
         K3RT_TRY(k3rt_cast(st, x, K3RT_BF16, ws + L->x32, K3RT_F32, N * d, err));
         K3RT_TRY(k3rt_cast(st, w, K3RT_BF16, ws + L->w32, K3RT_F32, E * d, err));
@@ -137,14 +137,14 @@ static int router_fwd(const latent_moe *f, const k3rt_fwd_args *a, const cu_layo
     return k3rt_act_fwd(st, K3RT_F32, K3RT_ACT_SIGMOID, s, s, N * E, err);
 }
 
-int lm_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
+int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
 {
     int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * k, l = f->l, m = f->m, d = f->d;
     if (R > INT32_MAX)
         return k3rt_fail(err, K3RT_ERR_INVALID, "latent_moe: %lld tokens x top-%lld routed rows "
                          "exceed the i32 row index; use a smaller micro-batch", (long long)N,
                          (long long)k);
-    K3RT_TRY(lm_cu_enter(f->device, err));
+    K3RT_TRY(lmoe_cu_enter(f->device, err));
     cu_layout L;
     layout_make(f, N, &L);
     char *sv = a->saved[0], *ws = a->workspace;
@@ -165,20 +165,20 @@ int lm_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
     else
         K3RT_TRY(k3rt_memset(st, bias, f->device, 0, (size_t)E * sizeof(float), err));
     K3RT_TRY(router_fwd(f, a, &L, ws, s, err));
-    K3RT_TRY(lm_cu_route(cs, s, bias, N, E, k, f->renormalize, f->rscale, sel, p, err));
-    K3RT_TRY(lm_cu_dispatch(cs, sel, R, E, ws + L.sort, counts, offsets, pos, src, err));
+    K3RT_TRY(lmoe_cu_route(cs, s, bias, N, E, k, f->renormalize, f->rscale, sel, p, err));
+    K3RT_TRY(lmoe_cu_dispatch(cs, sel, R, E, ws + L.sort, counts, offsets, pos, src, err));
     K3RT_TRY(host_offsets(f, st, offsets, err));
     const int64_t *hoff = f->host_offsets;
 
     /* routed experts in the latent space */
-    K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_DOWN), NULL, c, N, d, l, err));
-    K3RT_TRY(lm_cu_gather(cs, dt, c, src, R, k, l, xe, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LM_EX_GATE), g, hoff, E, l, m, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LM_EX_UP), u, hoff, E, l, m, err));
+    K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LMOE_DOWN), NULL, c, N, d, l, err));
+    K3RT_TRY(lmoe_cu_gather(cs, dt, c, src, R, k, l, xe, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LMOE_EX_GATE), g, hoff, E, l, m, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LMOE_EX_UP), u, hoff, E, l, m, err));
     K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, g, u, act, R * m, f->beta1, f->beta2, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, act, P(LM_EX_DOWN), ye, hoff, E, m, l, err));
-    K3RT_TRY(lm_cu_combine(cs, dt, ye, pos, p, N, k, l, U, err));
-    K3RT_TRY(lm_out_forward(f, st, a, U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su, sv + L.sa,
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, act, P(LMOE_EX_DOWN), ye, hoff, E, m, l, err));
+    K3RT_TRY(lmoe_cu_combine(cs, dt, ye, pos, p, N, k, l, U, err));
+    K3RT_TRY(lmoe_out_forward(f, st, a, U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su, sv + L.sa,
                             err));
 
     if (a->routing) {
@@ -202,14 +202,14 @@ static int router_bwd(const latent_moe *f, const k3rt_bwd_args *a, const cu_layo
         K3RT_TRY(k3rt_cast(st, dz, K3RT_F32, ws + L->dz16, K3RT_BF16, N * E, err));
         g = ws + L->dz16;
     }
-    return k3rt_linear_bwd(st, f->dtype, a->x.data, P(LM_ROUTER), g, a->dx.data, G(LM_ROUTER),
+    return k3rt_linear_bwd(st, f->dtype, a->x.data, P(LMOE_ROUTER), g, a->dx.data, G(LMOE_ROUTER),
                            NULL, N, d, E, 1, err);
 }
 
-int lm_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
+int lmoe_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
 {
     int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * k, l = f->l, m = f->m, d = f->d;
-    K3RT_TRY(lm_cu_enter(f->device, err));
+    K3RT_TRY(lmoe_cu_enter(f->device, err));
     cu_layout L;
     layout_make(f, N, &L);
     const char *sv = a->saved[0];
@@ -225,7 +225,7 @@ int lm_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
     void *dx = a->dx.data;
 
     void *dU = ws + L.dU;
-    K3RT_TRY(lm_out_backward(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su,
+    K3RT_TRY(lmoe_out_backward(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su,
                              sv + L.sa, ws + L.dsa, ws + L.dsg, ws + L.dsu, ws + L.dn, dU, err));
     int acc = f->Hs > 0;
 
@@ -233,25 +233,25 @@ int lm_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
     float *dp = (float *)(ws + L.dp), *dz = (float *)(ws + L.dz);
     void *dye = ws + L.dye, *da = ws + L.da, *dg = ws + L.dg, *du = ws + L.du;
     void *xe = ws + L.xe_b, *dc = ws + L.dc;
-    K3RT_TRY(lm_cu_combine_bwd(cs, dt, dU, sv + L.ye, pos, p, N, k, l, dp, dye, err));
+    K3RT_TRY(lmoe_cu_combine_bwd(cs, dt, dU, sv + L.ye, pos, p, N, k, l, dp, dye, err));
     K3RT_TRY(host_offsets(f, st, sv + L.offsets, err));
     const int64_t *hoff = f->host_offsets;
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, sv + L.act, P(LM_EX_DOWN), dye, da, G(LM_EX_DOWN),
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, sv + L.act, P(LMOE_EX_DOWN), dye, da, G(LMOE_EX_DOWN),
                                      hoff, E, m, l, 0, err));
     K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.g, sv + L.u, da, dg, du, R * m, f->beta1,
                           f->beta2, err));
-    K3RT_TRY(lm_cu_gather(cs, dt, sv + L.c, src, R, k, l, xe, err));
+    K3RT_TRY(lmoe_cu_gather(cs, dt, sv + L.c, src, R, k, l, xe, err));
     void *dxe = dye; /* dye is spent */
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LM_EX_GATE), dg, dxe, G(LM_EX_GATE), hoff, E,
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LMOE_EX_GATE), dg, dxe, G(LMOE_EX_GATE), hoff, E,
                                      l, m, 0, err));
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LM_EX_UP), du, dxe, G(LM_EX_UP), hoff, E, l,
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LMOE_EX_UP), du, dxe, G(LMOE_EX_UP), hoff, E, l,
                                      m, 1, err));
-    K3RT_TRY(lm_cu_combine(cs, dt, dxe, pos, NULL, N, k, l, dc, err));
-    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_DOWN), dc, dx, G(LM_DOWN), NULL, N, d, l, acc,
+    K3RT_TRY(lmoe_cu_combine(cs, dt, dxe, pos, NULL, N, k, l, dc, err));
+    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_DOWN), dc, dx, G(LMOE_DOWN), NULL, N, d, l, acc,
                              err));
 
     /* router */
-    K3RT_TRY(lm_cu_router_bwd(cs, s, sel, dp, d_scores, N, E, k, f->renormalize, f->rscale, dz,
+    K3RT_TRY(lmoe_cu_router_bwd(cs, s, sel, dp, d_scores, N, E, k, f->renormalize, f->rscale, dz,
                               err));
     return router_bwd(f, a, &L, ws, dz, err);
 }

@@ -1,6 +1,6 @@
 /* Stable LatentMoE (K3): the instance, its parameter slots, the layout of the saved and
  * workspace buffers and the per-dtype token kernels, shared by plugin.c (descriptor side),
- * moe.c (forward/backward over core ops) and kernels.inc.c (the loops over tokens). */
+ * moe.c (forward/backward over core ops) and cpu_tokens.inc.c (the loops over tokens). */
 #ifndef K3RT_PLUGIN_LATENT_MOE_H
 #define K3RT_PLUGIN_LATENT_MOE_H
 
@@ -8,17 +8,17 @@
 
 /* Parameter slots in declaration order; a slot absent from a configuration has index -1. */
 enum {
-    LM_ROUTER,    /* router.weight                 [E, d]        role router */
-    LM_DOWN,      /* routed_down_proj.weight       [l, d]        d -> latent, once per token */
-    LM_EX_GATE,   /* experts.gate_proj.weight      [E, m, l]     (K3 w1) */
-    LM_EX_UP,     /* experts.up_proj.weight        [E, m, l]     (K3 w3) */
-    LM_EX_DOWN,   /* experts.down_proj.weight      [E, l, m]     (K3 w2) */
-    LM_NORM,      /* routed_norm.weight            [l]           (latent_norm) */
-    LM_UP,        /* routed_up_proj.weight         [d, l]        latent -> d */
-    LM_SH_GATE,   /* shared_experts.gate_proj.weight [Hs, d]     Hs = shared * shared_hidden */
-    LM_SH_UP,     /* shared_experts.up_proj.weight   [Hs, d] */
-    LM_SH_DOWN,   /* shared_experts.down_proj.weight [d, Hs] */
-    LM_N_SLOTS
+    LMOE_ROUTER,    /* router.weight                 [E, d]        role router */
+    LMOE_DOWN,      /* routed_down_proj.weight       [l, d]        d -> latent, once per token */
+    LMOE_EX_GATE,   /* experts.gate_proj.weight      [E, m, l]     (K3 w1) */
+    LMOE_EX_UP,     /* experts.up_proj.weight        [E, m, l]     (K3 w3) */
+    LMOE_EX_DOWN,   /* experts.down_proj.weight      [E, l, m]     (K3 w2) */
+    LMOE_NORM,      /* routed_norm.weight            [l]           (latent_norm) */
+    LMOE_UP,        /* routed_up_proj.weight         [d, l]        latent -> d */
+    LMOE_SH_GATE,   /* shared_experts.gate_proj.weight [Hs, d]     Hs = shared * shared_hidden */
+    LMOE_SH_UP,     /* shared_experts.up_proj.weight   [Hs, d] */
+    LMOE_SH_DOWN,   /* shared_experts.down_proj.weight [d, Hs] */
+    LMOE_N_SLOTS
 };
 
 typedef struct latent_moe {
@@ -38,13 +38,13 @@ typedef struct latent_moe {
     double rscale;        /* routed_scaling_factor */
     double init_std, out_std;
     double latent_std;    /* init of the routed path before the norm; 0 = 1/sqrt(fan_in) */
-    int slot[LM_N_SLOTS]; /* parameter index of each slot, or -1 */
+    int slot[LMOE_N_SLOTS]; /* parameter index of each slot, or -1 */
     int n_params;
 } latent_moe;
 
 /* Byte offsets into the saved buffer (forward -> backward) and the workspace. N = B*T tokens,
  * R = N*k routed rows in expert-grouped order. `real` is the compute dtype. */
-typedef struct lm_layout {
+typedef struct lmoe_layout {
     /* saved */
     int64_t s;          /* real [N, E]   router scores sigmoid(x Wr^T), before the bias */
     int64_t s32;        /* f32  [N, E]   the scores as reported to the balancer (f64 runs) */
@@ -77,14 +77,14 @@ typedef struct lm_layout {
     int64_t b_dsa, b_dsg, b_dsu; /* real [N, Hs] */
     int64_t bwd;
     int64_t workspace;  /* max(bwd, fwd) */
-} lm_layout;
+} lmoe_layout;
 
-void lm_layout_make(const latent_moe *f, int64_t tokens, lm_layout *l);
+void lmoe_layout_make(const latent_moe *f, int64_t tokens, lmoe_layout *l);
 
-/* Loops over tokens, one instance per dtype (kernels_f32.c, kernels_f64.c); pointers are of the
+/* Loops over tokens, one instance per dtype (cpu.c); pointers are of the
  * compute dtype unless typed. Every reduction runs in a fixed order per token, so results do
  * not depend on the thread count. */
-typedef struct lm_kernels {
+typedef struct lmoe_kernels {
     /* sel = top-k of s + bias (ties -> lower expert id; bias may be NULL = 0), in descending
      * order; p = rscale * s_sel / (sum s_sel + 1e-20) (renormalize) or rscale * s_sel. */
     void (*route)(k3rt_stream *st, const void *s, const float *bias, int64_t N, int64_t E,
@@ -106,28 +106,28 @@ typedef struct lm_kernels {
     void (*router_bwd)(k3rt_stream *st, const void *s, const int32_t *sel, const void *dp,
                        const float *d_scores, int64_t N, int64_t E, int64_t k, int renormalize,
                        double rscale, void *dz);
-} lm_kernels;
+} lmoe_kernels;
 
-extern const lm_kernels lm_kernels_f32, lm_kernels_f64;
+extern const lmoe_kernels lmoe_kernels_f32, lmoe_kernels_f64;
 
-int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err);
-int lm_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err);
+int lmoe_cpu_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err);
+int lmoe_cpu_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err);
 
 /* What follows the combine, written once over core ops for every device and dtype (moe.c):
  * the latent norm, W-up and the shared experts, and their backward (which initialises a->dx;
  * dU may alias dn without the latent norm). */
-int lm_out_forward(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
+int lmoe_out_forward(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
                    void *nrm, void *rstd, void *sg, void *su, void *sa, k3rt_error *err);
-int lm_out_backward(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a, const void *U,
+int lmoe_out_backward(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a, const void *U,
                     const void *nrm, const void *rstd, const void *sg, const void *su,
                     const void *sa, void *dsa, void *dsg, void *dsu, void *dn, void *dU,
                     k3rt_error *err);
 
 /* The layer on CUDA (cuda.c, built with K3RT_PLUGIN_HAVE_CUDA): its own layout of the saved and
- * workspace buffers, f32 or bf16. lm_gpu_check refuses what the CUDA kernels cannot take. */
-int lm_gpu_check(const latent_moe *f, k3rt_error *err);
-void lm_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out);
-int lm_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err);
-int lm_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err);
+ * workspace buffers, f32 or bf16. lmoe_gpu_check refuses what the CUDA kernels cannot take. */
+int lmoe_gpu_check(const latent_moe *f, k3rt_error *err);
+void lmoe_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out);
+int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err);
+int lmoe_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err);
 
 #endif

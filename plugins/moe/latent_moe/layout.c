@@ -10,7 +10,7 @@ static int64_t take(int64_t *at, int64_t bytes)
     return off;
 }
 
-void lm_layout_make(const latent_moe *f, int64_t N, lm_layout *L)
+void lmoe_layout_make(const latent_moe *f, int64_t N, lmoe_layout *L)
 {
     int64_t es = (int64_t)k3rt_dtype_size(f->dtype), R = N * f->k, E = f->E, at = 0;
     int64_t sh = f->Hs > 0 ? N * f->Hs * es : 0, nb = f->latent_norm ? N * f->l * es : 0;

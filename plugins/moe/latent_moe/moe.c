@@ -16,7 +16,7 @@
  *   y  = n Wup^T + glu(x Wsg^T, x Wsu^T) Wsd^T          shared: sg, su, sa [N, Hs] saved
  *
  * Products are core ops (k3rt_linear / k3rt_grouped_linear / k3rt_gemm), as are the GLU,
- * RMSNorm and sigmoid, so this file is dtype-agnostic; the token loops are lm_kernels. */
+ * RMSNorm and sigmoid, so this file is dtype-agnostic; the token loops are lmoe_kernels. */
 #include "latent_moe.h"
 
 #include <stdint.h>
@@ -25,9 +25,9 @@
 #define P(i) (a->params[f->slot[(i)]].data)
 #define G(i) (a->grads[f->slot[(i)]].data)
 
-static const lm_kernels *kernels(const latent_moe *f)
+static const lmoe_kernels *kernels(const latent_moe *f)
 {
-    return f->dtype == K3RT_F32 ? &lm_kernels_f32 : &lm_kernels_f64;
+    return f->dtype == K3RT_F32 ? &lmoe_kernels_f32 : &lmoe_kernels_f64;
 }
 
 /* Counting sort of the (token, slot) pairs by expert, stable in token order: counts, offsets
@@ -63,7 +63,7 @@ static void take_bias(const latent_moe *f, const k3rt_tensor *bias, float *dst)
 /* After the combine, the same on every device and dtype (core ops only): n = RMSNorm(U) (or U),
  * y = n Wup^T + glu(x Wsg^T, x Wsu^T) Wsd^T. nrm, rstd unused without the latent norm; sg, su,
  * sa without shared experts. */
-int lm_out_forward(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
+int lmoe_out_forward(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
                    void *nrm, void *rstd, void *sg, void *su, void *sa, k3rt_error *err)
 {
     int dt = f->dtype;
@@ -72,23 +72,23 @@ int lm_out_forward(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a,
     void *y = a->y.data;
     if (f->latent_norm) {
         n = nrm;
-        K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, U, P(LM_NORM), nrm, rstd, N, l, f->norm_eps, err));
+        K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, U, P(LMOE_NORM), nrm, rstd, N, l, f->norm_eps, err));
     }
-    K3RT_TRY(k3rt_linear_fwd(st, dt, n, P(LM_UP), NULL, y, N, l, d, err));
+    K3RT_TRY(k3rt_linear_fwd(st, dt, n, P(LMOE_UP), NULL, y, N, l, d, err));
     if (f->Hs == 0)
         return K3RT_OK;
     /* shared experts at full width: y += glu(x Wsg^T, x Wsu^T) Wsd^T */
-    K3RT_TRY(k3rt_linear_fwd(st, dt, x, P(LM_SH_GATE), NULL, sg, N, d, f->Hs, err));
-    K3RT_TRY(k3rt_linear_fwd(st, dt, x, P(LM_SH_UP), NULL, su, N, d, f->Hs, err));
+    K3RT_TRY(k3rt_linear_fwd(st, dt, x, P(LMOE_SH_GATE), NULL, sg, N, d, f->Hs, err));
+    K3RT_TRY(k3rt_linear_fwd(st, dt, x, P(LMOE_SH_UP), NULL, su, N, d, f->Hs, err));
     K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, sg, su, sa, N * f->Hs, f->beta1, f->beta2, err));
-    return k3rt_gemm(st, dt, 0, 1, N, d, f->Hs, 1.0, sa, f->Hs, P(LM_SH_DOWN), f->Hs, 1.0, y, d,
+    return k3rt_gemm(st, dt, 0, 1, N, d, f->Hs, 1.0, sa, f->Hs, P(LMOE_SH_DOWN), f->Hs, 1.0, y, d,
                      err);
 }
 
 /* Its backward, shared experts first (their input gradient initialises a->dx, which the routed
  * path then accumulates into): dU receives the gradient of the combined output (dn when there
  * is no latent norm, so dU may alias dn). */
-int lm_out_backward(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a, const void *U,
+int lmoe_out_backward(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a, const void *U,
                     const void *nrm, const void *rstd, const void *sg, const void *su,
                     const void *sa, void *dsa, void *dsg, void *dsu, void *dn, void *dU,
                     k3rt_error *err)
@@ -98,29 +98,25 @@ int lm_out_backward(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a
     const void *x = a->x.data, *dy = a->dy.data;
     void *dx = a->dx.data;
     if (f->Hs > 0) {
-        K3RT_TRY(k3rt_linear_bwd(st, dt, sa, P(LM_SH_DOWN), dy, dsa, G(LM_SH_DOWN), NULL, N,
+        K3RT_TRY(k3rt_linear_bwd(st, dt, sa, P(LMOE_SH_DOWN), dy, dsa, G(LMOE_SH_DOWN), NULL, N,
                                  f->Hs, d, 0, err));
         K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sg, su, dsa, dsg, dsu, N * f->Hs, f->beta1,
                               f->beta2, err));
-        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_SH_GATE), dsg, dx, G(LM_SH_GATE), NULL, N, d,
+        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_SH_GATE), dsg, dx, G(LMOE_SH_GATE), NULL, N, d,
                                  f->Hs, 0, err));
-        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_SH_UP), dsu, dx, G(LM_SH_UP), NULL, N, d,
+        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_SH_UP), dsu, dx, G(LMOE_SH_UP), NULL, N, d,
                                  f->Hs, 1, err));
     }
     /* up-projection and latent norm */
     const void *n = f->latent_norm ? nrm : U;
-    K3RT_TRY(k3rt_linear_bwd(st, dt, n, P(LM_UP), dy, dn, G(LM_UP), NULL, N, l, d, 0, err));
+    K3RT_TRY(k3rt_linear_bwd(st, dt, n, P(LMOE_UP), dy, dn, G(LMOE_UP), NULL, N, l, d, 0, err));
     if (f->latent_norm)
-        K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, U, P(LM_NORM), rstd, dn, dU, G(LM_NORM), N, l, 0, err));
+        K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, U, P(LMOE_NORM), rstd, dn, dU, G(LMOE_NORM), N, l, 0, err));
     return K3RT_OK;
 }
 
-int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
+int lmoe_cpu_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 {
-#ifdef K3RT_PLUGIN_HAVE_CUDA
-    if (((const latent_moe *)self)->device != K3RT_DEVICE_CPU)
-        return lm_gpu_forward(self, a, err);
-#endif
     const latent_moe *f = self;
     int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * f->k, l = f->l, m = f->m;
     int64_t d = f->d;
@@ -128,34 +124,34 @@ int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_INVALID, "latent_moe: %lld tokens x top-%lld routed rows "
                          "exceed the i32 row index; use a smaller micro-batch", (long long)N,
                          (long long)k);
-    lm_layout L;
-    lm_layout_make(f, N, &L);
+    lmoe_layout L;
+    lmoe_layout_make(f, N, &L);
     char *sv = a->saved[0], *ws = a->workspace;
     float *bias = (float *)(sv + L.bias);
     take_bias(f, &a->bias, bias);
     k3rt_stream *st = a->stream;
     int dt = f->dtype;
-    const lm_kernels *K = kernels(f);
+    const lmoe_kernels *K = kernels(f);
     void *s = sv + L.s, *p = sv + L.p, *c = sv + L.c, *g = sv + L.g, *u = sv + L.u;
     void *act = sv + L.a, *ye = sv + L.ye, *U = sv + L.U, *xe = ws + L.f_xe;
     int32_t *sel = (int32_t *)(sv + L.sel), *pos = (int32_t *)(sv + L.pos);
     int64_t *counts = (int64_t *)(sv + L.counts), *offsets = (int64_t *)(sv + L.offsets);
 
     /* route */
-    K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_ROUTER), NULL, s, N, d, E, err));
+    K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LMOE_ROUTER), NULL, s, N, d, E, err));
     K3RT_TRY(k3rt_act_fwd(st, dt, K3RT_ACT_SIGMOID, s, s, N * E, err));
     K->route(st, s, bias, N, E, k, f->renormalize, f->rscale, sel, p);
     dispatch(sel, R, E, counts, offsets, pos);
 
     /* routed experts in the latent space */
-    K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LM_DOWN), NULL, c, N, d, l, err));
+    K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LMOE_DOWN), NULL, c, N, d, l, err));
     K->gather(st, c, pos, N, k, l, xe);
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LM_EX_GATE), g, offsets, E, l, m, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LM_EX_UP), u, offsets, E, l, m, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LMOE_EX_GATE), g, offsets, E, l, m, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LMOE_EX_UP), u, offsets, E, l, m, err));
     K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, g, u, act, R * m, f->beta1, f->beta2, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, act, P(LM_EX_DOWN), ye, offsets, E, m, l, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, act, P(LMOE_EX_DOWN), ye, offsets, E, m, l, err));
     K->combine(st, ye, pos, p, N, k, l, U);
-    K3RT_TRY(lm_out_forward(f, st, a, U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su, sv + L.sa,
+    K3RT_TRY(lmoe_out_forward(f, st, a, U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su, sv + L.sa,
                             err));
 
     if (a->routing) {
@@ -179,30 +175,26 @@ int lm_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
  *   dWg_e += dg^T xe ; dWu_e += du^T xe ; dxe = dg Wg_e + du Wu_e ; dc = sum_j dxe_j
  *   dWdown += dc^T x ; dx += dc Wdown
  *   dz = s (1 - s) (gate backward of dp + d_scores) ; dWr += dz^T x ; dx += dz Wr */
-int lm_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
+int lmoe_cpu_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
 {
-#ifdef K3RT_PLUGIN_HAVE_CUDA
-    if (((const latent_moe *)self)->device != K3RT_DEVICE_CPU)
-        return lm_gpu_backward(self, a, err);
-#endif
     const latent_moe *f = self;
     int64_t N = a->batch * a->seq, E = f->E, k = f->k, R = N * f->k, l = f->l, m = f->m;
     int64_t d = f->d;
-    lm_layout L;
-    lm_layout_make(f, N, &L);
+    lmoe_layout L;
+    lmoe_layout_make(f, N, &L);
     const float *d_scores = a->d_scores.ndim ? a->d_scores.data : NULL;
     const char *sv = a->saved[0];
     char *ws = a->workspace;
     k3rt_stream *st = a->stream;
     int dt = f->dtype;
-    const lm_kernels *K = kernels(f);
+    const lmoe_kernels *K = kernels(f);
     const int32_t *sel = (const int32_t *)(sv + L.sel), *pos = (const int32_t *)(sv + L.pos);
     const int64_t *offsets = (const int64_t *)(sv + L.offsets);
     const void *x = a->x.data;
     void *dx = a->dx.data;
 
     void *dU = ws + L.b_dU;
-    K3RT_TRY(lm_out_backward(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su,
+    K3RT_TRY(lmoe_out_backward(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su,
                              sv + L.sa, ws + L.b_dsa, ws + L.b_dsg, ws + L.b_dsu, ws + L.b_dn, dU,
                              err));
     int acc = f->Hs > 0;
@@ -211,22 +203,22 @@ int lm_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
     void *dp = ws + L.b_dp, *dye = ws + L.b_dye, *da = ws + L.b_da, *dg = ws + L.b_dg;
     void *du = ws + L.b_du, *xe = ws + L.b_xe, *dc = ws + L.b_dc, *dz = ws + L.b_dz;
     K->combine_bwd(st, dU, sv + L.ye, pos, sv + L.p, N, k, l, dp, dye);
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, sv + L.a, P(LM_EX_DOWN), dye, da, G(LM_EX_DOWN),
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, sv + L.a, P(LMOE_EX_DOWN), dye, da, G(LMOE_EX_DOWN),
                                      offsets, E, m, l, 0, err));
     K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.g, sv + L.u, da, dg, du, R * m, f->beta1,
                           f->beta2, err));
     K->gather(st, sv + L.c, pos, N, k, l, xe);
     void *dxe = dye;  /* dye is spent */
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LM_EX_GATE), dg, dxe, G(LM_EX_GATE), offsets,
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LMOE_EX_GATE), dg, dxe, G(LMOE_EX_GATE), offsets,
                                      E, l, m, 0, err));
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LM_EX_UP), du, dxe, G(LM_EX_UP), offsets, E,
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LMOE_EX_UP), du, dxe, G(LMOE_EX_UP), offsets, E,
                                      l, m, 1, err));
     K->scatter(st, dxe, pos, N, k, l, dc);
-    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LM_DOWN), dc, dx, G(LM_DOWN), NULL, N, d, l, acc,
+    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_DOWN), dc, dx, G(LMOE_DOWN), NULL, N, d, l, acc,
                              err));
 
     /* router */
     K->router_bwd(st, sv + L.s, sel, dp, d_scores, N, E, k, f->renormalize, f->rscale, dz);
-    return k3rt_linear_bwd(st, dt, x, P(LM_ROUTER), dz, dx, G(LM_ROUTER), NULL, N, d, E, 1,
+    return k3rt_linear_bwd(st, dt, x, P(LMOE_ROUTER), dz, dx, G(LMOE_ROUTER), NULL, N, d, E, 1,
                            err);
 }

@@ -56,7 +56,7 @@ static int fail_key(k3rt_error *err, const char *key, const char *why, long long
     return k3rt_fail(err, K3RT_ERR_INVALID, "latent_moe: key '%s' %s, got %lld", key, why, got);
 }
 
-static int lm_create(const k3rt_create_args *a, void **self, k3rt_error *err)
+static int lmoe_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 {
     if (a->d_model < 2)
         return k3rt_fail(err, K3RT_ERR_INVALID, "latent_moe: d_model must be >= 2, got %lld",
@@ -94,15 +94,15 @@ static int lm_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     f->latent_std = k3rt_cfg_float(cfg, "latent_init_std");
     f->out_std = f->init_std / sqrt(2.0 * (a->n_layers > 0 ? a->n_layers : 1));
     int n = 0;
-    for (int i = 0; i < LM_N_SLOTS; i++) {
-        int present = i == LM_NORM ? f->latent_norm
-                    : i >= LM_SH_GATE ? f->Hs > 0 : 1;
+    for (int i = 0; i < LMOE_N_SLOTS; i++) {
+        int present = i == LMOE_NORM ? f->latent_norm
+                    : i >= LMOE_SH_GATE ? f->Hs > 0 : 1;
         f->slot[i] = present ? n++ : -1;
     }
     f->n_params = n;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (f->device != K3RT_DEVICE_CPU) {
-        int rc = lm_gpu_check(f, err);
+        int rc = lmoe_gpu_check(f, err);
         f->host_offsets = rc ? NULL : malloc((size_t)(E + 1) * sizeof(int64_t));
         if (!rc && !f->host_offsets)
             rc = k3rt_fail(err, K3RT_ERR_NOMEM, "latent_moe: out of memory");
@@ -116,7 +116,7 @@ static int lm_create(const k3rt_create_args *a, void **self, k3rt_error *err)
     return K3RT_OK;
 }
 
-static void lm_destroy(void *self)
+static void lmoe_destroy(void *self)
 {
     latent_moe *f = self;
     if (f)
@@ -144,41 +144,41 @@ static k3rt_param_decl decl_of(const latent_moe *f, int slot)
     p.init_a = f->init_std;
     p.layer = -1;
     switch (slot) {
-    case LM_ROUTER:
+    case LMOE_ROUTER:
         p.name = "router.weight", p.role = K3RT_ROLE_ROUTER, p.experts = (int32_t)f->E;
         p.shape[0] = f->E, p.shape[1] = f->d;
         break;
-    case LM_DOWN:
+    case LMOE_DOWN:
         p.name = "routed_down_proj.weight", p.shape[0] = f->l, p.shape[1] = f->d;
         p.init_a = latent_std(f, f->d);
         break;
-    case LM_EX_GATE:
-    case LM_EX_UP:
-    case LM_EX_DOWN:
-        p.name = slot == LM_EX_GATE ? "experts.gate_proj.weight"
-               : slot == LM_EX_UP   ? "experts.up_proj.weight"
+    case LMOE_EX_GATE:
+    case LMOE_EX_UP:
+    case LMOE_EX_DOWN:
+        p.name = slot == LMOE_EX_GATE ? "experts.gate_proj.weight"
+               : slot == LMOE_EX_UP   ? "experts.up_proj.weight"
                                     : "experts.down_proj.weight";
         p.role = K3RT_ROLE_EXPERT_MATRIX, p.experts = (int32_t)f->E, p.ndim = 3;
         p.shape[0] = f->E;
-        p.shape[1] = slot == LM_EX_DOWN ? f->l : f->m;
-        p.shape[2] = slot == LM_EX_DOWN ? f->m : f->l;
+        p.shape[1] = slot == LMOE_EX_DOWN ? f->l : f->m;
+        p.shape[2] = slot == LMOE_EX_DOWN ? f->m : f->l;
         p.init_a = latent_std(f, p.shape[2]);
         break;
-    case LM_NORM:
+    case LMOE_NORM:
         p.name = "routed_norm.weight", p.role = K3RT_ROLE_NORM_GAIN, p.ndim = 1;
         p.shape[0] = f->l, p.init = K3RT_INIT_ONES, p.init_a = 0;
         break;
-    case LM_UP:
+    case LMOE_UP:
         p.name = "routed_up_proj.weight", p.shape[0] = f->d, p.shape[1] = f->l;
         p.init_a = f->out_std;
         break;
-    case LM_SH_GATE:
-    case LM_SH_UP:
-        p.name = slot == LM_SH_GATE ? "shared_experts.gate_proj.weight"
+    case LMOE_SH_GATE:
+    case LMOE_SH_UP:
+        p.name = slot == LMOE_SH_GATE ? "shared_experts.gate_proj.weight"
                                     : "shared_experts.up_proj.weight";
         p.shape[0] = f->Hs, p.shape[1] = f->d;
         break;
-    default: /* LM_SH_DOWN */
+    default: /* LMOE_SH_DOWN */
         p.name = "shared_experts.down_proj.weight", p.shape[0] = f->d, p.shape[1] = f->Hs;
         p.init_a = f->out_std;
         break;
@@ -186,10 +186,10 @@ static k3rt_param_decl decl_of(const latent_moe *f, int slot)
     return p;
 }
 
-static int lm_declare(void *self, k3rt_param_sink *sink, k3rt_error *err)
+static int lmoe_declare(void *self, k3rt_param_sink *sink, k3rt_error *err)
 {
     const latent_moe *f = self;
-    for (int i = 0; i < LM_N_SLOTS; i++)
+    for (int i = 0; i < LMOE_N_SLOTS; i++)
         if (f->slot[i] >= 0) {
             k3rt_param_decl p = decl_of(f, i);
             K3RT_TRY(k3rt_param_sink_add(sink, &p, err));
@@ -201,7 +201,7 @@ static int lm_declare(void *self, k3rt_param_sink *sink, k3rt_error *err)
  * top-k, the GLUs, the norm and the combine are O(E + k(l + m)) and left out):
  *   2 d E (router) + 2 d l (down) + 3 * 2 k l m (k experts) + 2 l d (up) + 3 * 2 d Hs (shared)
  * The backward is twice that: an input gradient and a weight gradient per product. */
-static int lm_flops(void *self, int64_t batch, int64_t seq, k3rt_flops *out)
+static int lmoe_flops(void *self, int64_t batch, int64_t seq, k3rt_flops *out)
 {
     const latent_moe *f = self;
     double N = (double)(batch * seq), d = (double)f->d, l = (double)f->l, m = (double)f->m;
@@ -212,23 +212,23 @@ static int lm_flops(void *self, int64_t batch, int64_t seq, k3rt_flops *out)
     return K3RT_OK;
 }
 
-static int lm_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
+static int lmoe_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
 {
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (((const latent_moe *)self)->device != K3RT_DEVICE_CPU) {
-        lm_gpu_memory(self, batch * seq, out);
+        lmoe_gpu_memory(self, batch * seq, out);
         return K3RT_OK;
     }
 #endif
-    lm_layout L;
-    lm_layout_make(self, batch * seq, &L);
+    lmoe_layout L;
+    lmoe_layout_make(self, batch * seq, &L);
     out->saved_bytes = L.saved;
     out->workspace_bytes = L.workspace;
     out->state_bytes = 0;
     return K3RT_OK;
 }
 
-static int lm_experts(void *self, int32_t *n_experts, int32_t *top_k)
+static int lmoe_experts(void *self, int32_t *n_experts, int32_t *top_k)
 {
     const latent_moe *f = self;
     *n_experts = (int32_t)f->E;
@@ -238,18 +238,38 @@ static int lm_experts(void *self, int32_t *n_experts, int32_t *top_k)
 
 static const k3rt_instance_vtable instance = {
     .struct_size = sizeof(k3rt_instance_vtable),
-    .create = lm_create,
-    .destroy = lm_destroy,
-    .declare_params = lm_declare,
-    .flops = lm_flops,
-    .memory = lm_memory,
+    .create = lmoe_create,
+    .destroy = lmoe_destroy,
+    .declare_params = lmoe_declare,
+    .flops = lmoe_flops,
+    .memory = lmoe_memory,
 };
+
+/* The device decides the path: moe.c on the CPU, cuda.c on the GPU (both over moe.c's shared
+ * output half, so neither file calls the other's entry points). */
+static int lmoe_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
+{
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (((const latent_moe *)self)->device != K3RT_DEVICE_CPU)
+        return lmoe_gpu_forward(self, a, err);
+#endif
+    return lmoe_cpu_forward(self, a, err);
+}
+
+static int lmoe_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
+{
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (((const latent_moe *)self)->device != K3RT_DEVICE_CPU)
+        return lmoe_gpu_backward(self, a, err);
+#endif
+    return lmoe_cpu_backward(self, a, err);
+}
 
 static const k3rt_moe_vtable moe = {
     .struct_size = sizeof(k3rt_moe_vtable),
-    .forward = lm_forward,
-    .backward = lm_backward,
-    .experts = lm_experts,
+    .forward = lmoe_forward,
+    .backward = lmoe_backward,
+    .experts = lmoe_experts,
 };
 
 static const k3rt_plugin_descriptor descriptor = {

@@ -88,7 +88,7 @@ int muon_plan_jobs(muon *o, k3rt_error *err);
 int muon_describe(void *self, int32_t index, char *buf, size_t len);
 
 /* step.c */
-int muon_step(void *self, const k3rt_optimizer_step *a, k3rt_error *err);
+int muon_cpu_step(muon *o, const k3rt_optimizer_step *a, k3rt_error *err);
 /* The AdamW group's tables (at create) and its one multi-tensor step (CPU and CUDA). */
 int muon_adamw_plan(muon *o, k3rt_error *err);
 int muon_adamw_group(muon *o, const k3rt_optimizer_step *a, k3rt_error *err);

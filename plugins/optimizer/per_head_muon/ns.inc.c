@@ -1,5 +1,5 @@
-/* Newton-Schulz orthogonalisation, written once over REAL and included by cpu_f32.c /
- * cpu_f64.c with REAL, DTYPE and SUF(name) defined.
+/* Newton-Schulz orthogonalisation, written once over REAL and included by cpu.c (float,
+ * double) with REAL, DTYPE and SUF(name) defined.
  *
  *   X = G / (||G||_F + 1e-7)                      singular values now in [0, 1]
  *   repeat `steps` times:                         (a, b, c) = (3.4445, -4.7750, 2.0315)

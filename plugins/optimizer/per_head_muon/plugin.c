@@ -220,6 +220,21 @@ static const k3rt_instance_vtable instance = {
     .state_loaded = muon_state_loaded,
 };
 
+/* The device decides the path: step.c on the CPU, cuda.c on the GPU (cuda.c reuses step.c's
+ * AdamW group and QK-clip pieces; step.c never calls into cuda.c). */
+static int muon_step(void *self, const k3rt_optimizer_step *a, k3rt_error *err)
+{
+    muon *o = self;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (o->device != K3RT_DEVICE_CPU)
+        K3RT_TRY(muon_gpu_step(o, a, err));
+    else
+#endif
+        K3RT_TRY(muon_cpu_step(o, a, err));
+    o->step = a->step;  /* the engine's count: it survives resumes that skip or repeat steps */
+    return K3RT_OK;
+}
+
 static const k3rt_optimizer_vtable optimizer = {
     .struct_size = sizeof(k3rt_optimizer_vtable),
     .step = muon_step,

@@ -207,17 +207,8 @@ static void qk_clip(const muon *o, const k3rt_optimizer_step *a)
     }
 }
 
-int muon_step(void *self, const k3rt_optimizer_step *a, k3rt_error *err)
+int muon_cpu_step(muon *o, const k3rt_optimizer_step *a, k3rt_error *err)
 {
-    muon *o = self;
-    int64_t t = a->step;  /* the engine's count: it survives resumes that skip or repeat steps */
-#ifdef K3RT_PLUGIN_HAVE_CUDA
-    if (o->device != K3RT_DEVICE_CPU) {
-        K3RT_TRY(muon_gpu_step(o, a, err));
-        o->step = t;
-        return K3RT_OK;
-    }
-#endif
     if (o->qk_clip)
         for (int32_t i = 0; i < o->n; i++)
             K3RT_TRY(check_max_logits(&o->p[i], &a->params[i], err));
@@ -225,6 +216,5 @@ int muon_step(void *self, const k3rt_optimizer_step *a, k3rt_error *err)
     K3RT_TRY(muon_adamw_group(o, a, err));
     if (o->qk_clip)
         qk_clip(o, a);
-    o->step = t;
     return K3RT_OK;
 }

@@ -1,5 +1,5 @@
-/* One AttnRes mixing op on the CPU, written once over REAL and included by cpu_f32.c /
- * cpu_f64.c with REAL, DTYPE, EXP, SQRT, EPSILON and SUF(name) defined. Per token t, with
+/* One AttnRes mixing op on the CPU, written once over REAL and included by cpu.c (float,
+ * double) with REAL, DTYPE, EXP, SQRT, EPSILON and SUF(name) defined. Per token t, with
  * sources v_0..v_{n-1} (rows of [N, d]), pseudo-query w and key-norm gain gamma (q = gamma*w):
  *
  *   forward   rho_i = 1 / sqrt(mean(v_i^2) + eps)     key RMSNorm scale (keys only)

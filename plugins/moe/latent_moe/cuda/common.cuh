@@ -6,7 +6,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "lm_cuda.h"
+#include "lmoe_cuda.h"
 
 namespace lmcu {
 
@@ -29,7 +29,7 @@ static inline unsigned blocks(int64_t n) { return (unsigned)(n > 0 ? n : 1); }
 
 }  // namespace lmcu
 
-#define LM_CU_TRY(call, what)                     \
+#define LMOE_CU_TRY(call, what)                     \
     do {                                          \
         cudaError_t e_ = (call);                  \
         if (e_ != cudaSuccess)                    \
@@ -37,6 +37,6 @@ static inline unsigned blocks(int64_t n) { return (unsigned)(n > 0 ? n : 1); }
     } while (0)
 
 // After a launch: a bad configuration shows here, not at the next synchronisation.
-#define LM_LAUNCHED(name) LM_CU_TRY(cudaGetLastError(), "launch of " name)
+#define LMOE_LAUNCHED(name) LMOE_CU_TRY(cudaGetLastError(), "launch of " name)
 
 #endif

@@ -1,6 +1,6 @@
-// Routing and dispatch on the device (lm_cuda.h): the biased top-k with the CPU's tie order,
+// Routing and dispatch on the device (lmoe_cuda.h): the biased top-k with the CPU's tie order,
 // the gates, and the expert-sorted permutation by a counting sort in three passes over chunks
-// of LM_CU_SORT_CHUNK pairs (per-chunk histograms, a prefix over chunks per expert, then each
+// of LMOE_CU_SORT_CHUNK pairs (per-chunk histograms, a prefix over chunks per expert, then each
 // chunk places its pairs). Integer counts only, so the permutation is the same on every run and
 // equals the CPU's stable order.
 #include "common.cuh"
@@ -25,7 +25,7 @@ __device__ __forceinline__ bool beats(Cand b, Cand a)
 __global__ void route_kernel(const float *s, const float *bias, int64_t N, int E, int k,
                              int renormalize, float rscale, int32_t *sel, float *p)
 {
-    __shared__ float sb[LM_CU_MAX_EXPERTS];
+    __shared__ float sb[LMOE_CU_MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x)
         sb[e] = bias ? bias[e] : 0.0f;
     __syncthreads();
@@ -36,7 +36,7 @@ __global__ void route_kernel(const float *s, const float *bias, int64_t N, int E
     const float *st = s + t * E;
     unsigned taken = 0;
     float sum = 0.0f;
-    int chosen[LM_CU_MAX_TOPK];
+    int chosen[LMOE_CU_MAX_TOPK];
     for (int j = 0; j < k; j++) {
         Cand best = {0.0f, -1};
         for (int e = lane, b = 0; e < E; e += 32, b++) {
@@ -68,11 +68,11 @@ __global__ void route_kernel(const float *s, const float *bias, int64_t N, int E
 // hist[c][e] = pairs of chunk c routed to e.
 __global__ void chunk_hist_kernel(const int32_t *sel, int64_t R, int E, int32_t *hist)
 {
-    __shared__ int cnt[LM_CU_MAX_EXPERTS];
+    __shared__ int cnt[LMOE_CU_MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x)
         cnt[e] = 0;
     __syncthreads();
-    int64_t i0 = (int64_t)blockIdx.x * LM_CU_SORT_CHUNK, i1 = min(i0 + LM_CU_SORT_CHUNK, R);
+    int64_t i0 = (int64_t)blockIdx.x * LMOE_CU_SORT_CHUNK, i1 = min(i0 + LMOE_CU_SORT_CHUNK, R);
     for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
         atomicAdd(&cnt[sel[i]], 1);
     __syncthreads();
@@ -85,7 +85,7 @@ __global__ void chunk_hist_kernel(const int32_t *sel, int64_t R, int E, int32_t 
 __global__ void expert_scan_kernel(int32_t *hist, int64_t chunks, int E, int64_t *counts,
                                    int64_t *offsets)
 {
-    __shared__ long long tot[LM_CU_MAX_EXPERTS];
+    __shared__ long long tot[LMOE_CU_MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         long long run = 0;
         for (int64_t c = 0; c < chunks; c++) {
@@ -112,12 +112,12 @@ __global__ void expert_scan_kernel(int32_t *hist, int64_t chunks, int E, int64_t
 __global__ void place_kernel(const int32_t *sel, int64_t R, int E, const int32_t *hist,
                              const int64_t *offsets, int32_t *pos, int32_t *src)
 {
-    __shared__ int cur[LM_CU_MAX_EXPERTS];
+    __shared__ int cur[LMOE_CU_MAX_EXPERTS];
     const int lane = threadIdx.x;
     for (int e = lane; e < E; e += 32)
         cur[e] = (int)offsets[e] + hist[(int64_t)blockIdx.x * E + e];
     __syncwarp();
-    int64_t i0 = (int64_t)blockIdx.x * LM_CU_SORT_CHUNK, i1 = min(i0 + LM_CU_SORT_CHUNK, R);
+    int64_t i0 = (int64_t)blockIdx.x * LMOE_CU_SORT_CHUNK, i1 = min(i0 + LMOE_CU_SORT_CHUNK, R);
     for (int64_t base = i0; base < i1; base += 32) {
         int64_t i = base + lane;
         bool live = i < i1;
@@ -141,56 +141,56 @@ __global__ void place_kernel(const int32_t *sel, int64_t R, int E, const int32_t
 
 using namespace lmcu;
 
-extern "C" int lm_cu_enter(int device, k3rt_error *err)
+extern "C" int lmoe_cu_enter(int device, k3rt_error *err)
 {
-    LM_CU_TRY(cudaSetDevice(device), "cudaSetDevice");
+    LMOE_CU_TRY(cudaSetDevice(device), "cudaSetDevice");
     return K3RT_OK;
 }
 
-extern "C" int lm_cu_route(void *stream, const float *s, const float *bias, int64_t N, int64_t E,
+extern "C" int lmoe_cu_route(void *stream, const float *s, const float *bias, int64_t N, int64_t E,
                            int64_t k, int renormalize, double rscale, int32_t *sel, float *p,
                            k3rt_error *err)
 {
-    if (E < 1 || E > LM_CU_MAX_EXPERTS || k < 1 || k > LM_CU_MAX_TOPK || k > E)
+    if (E < 1 || E > LMOE_CU_MAX_EXPERTS || k < 1 || k > LMOE_CU_MAX_TOPK || k > E)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "latent_moe: the CUDA routing takes up to %d "
                          "experts and top-%d (k <= experts), got top-%lld of %lld",
-                         LM_CU_MAX_EXPERTS, LM_CU_MAX_TOPK, (long long)k, (long long)E);
+                         LMOE_CU_MAX_EXPERTS, LMOE_CU_MAX_TOPK, (long long)k, (long long)E);
     if (N < 1)
         return K3RT_OK;
     route_kernel<<<blocks((N + ROUTE_WARPS - 1) / ROUTE_WARPS), ROUTE_WARPS * 32, 0,
                    (cudaStream_t)stream>>>(s, bias, N, (int)E, (int)k, renormalize,
                                            (float)rscale, sel, p);
-    LM_LAUNCHED("route_kernel");
+    LMOE_LAUNCHED("route_kernel");
     return K3RT_OK;
 }
 
-extern "C" int64_t lm_cu_dispatch_scratch(int64_t R, int64_t E)
+extern "C" int64_t lmoe_cu_dispatch_scratch(int64_t R, int64_t E)
 {
-    int64_t chunks = (R + LM_CU_SORT_CHUNK - 1) / LM_CU_SORT_CHUNK;
+    int64_t chunks = (R + LMOE_CU_SORT_CHUNK - 1) / LMOE_CU_SORT_CHUNK;
     return (chunks > 0 ? chunks : 1) * E * (int64_t)sizeof(int32_t);
 }
 
-extern "C" int lm_cu_dispatch(void *stream, const int32_t *sel, int64_t R, int64_t E,
+extern "C" int lmoe_cu_dispatch(void *stream, const int32_t *sel, int64_t R, int64_t E,
                               void *scratch, int64_t *counts, int64_t *offsets, int32_t *pos,
                               int32_t *src, k3rt_error *err)
 {
-    if (E < 1 || E > LM_CU_MAX_EXPERTS || R < 0 || R > INT32_MAX)
+    if (E < 1 || E > LMOE_CU_MAX_EXPERTS || R < 0 || R > INT32_MAX)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "latent_moe: the CUDA dispatch takes up to "
                          "%d experts and 2^31 - 1 rows, got %lld experts, %lld rows",
-                         LM_CU_MAX_EXPERTS, (long long)E, (long long)R);
+                         LMOE_CU_MAX_EXPERTS, (long long)E, (long long)R);
     cudaStream_t st = (cudaStream_t)stream;
-    int64_t chunks = (R + LM_CU_SORT_CHUNK - 1) / LM_CU_SORT_CHUNK;
+    int64_t chunks = (R + LMOE_CU_SORT_CHUNK - 1) / LMOE_CU_SORT_CHUNK;
     int32_t *hist = (int32_t *)scratch;
     if (chunks > 0) {
         chunk_hist_kernel<<<blocks(chunks), 256, 0, st>>>(sel, R, (int)E, hist);
-        LM_LAUNCHED("chunk_hist_kernel");
+        LMOE_LAUNCHED("chunk_hist_kernel");
     }
     int threads = (int)((E + 31) / 32 * 32);
     expert_scan_kernel<<<1, threads, 0, st>>>(hist, chunks, (int)E, counts, offsets);
-    LM_LAUNCHED("expert_scan_kernel");
+    LMOE_LAUNCHED("expert_scan_kernel");
     if (chunks > 0) {
         place_kernel<<<blocks(chunks), 32, 0, st>>>(sel, R, (int)E, hist, offsets, pos, src);
-        LM_LAUNCHED("place_kernel");
+        LMOE_LAUNCHED("place_kernel");
     }
     return K3RT_OK;
 }

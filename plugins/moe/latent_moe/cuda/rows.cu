@@ -1,4 +1,4 @@
-// Rows between token order and expert-grouped order (lm_cuda.h), and the router's backward.
+// Rows between token order and expert-grouped order (lmoe_cuda.h), and the router's backward.
 // One block per token (or per grouped row for the gather); every sum over slots runs in slot
 // order and the dot products of the combine's backward reduce in a fixed tree, so the results
 // do not depend on scheduling: this is the deterministic combine, and the only one.
@@ -137,18 +137,18 @@ static int check_dtype(int dtype, k3rt_error *err)
 
 using namespace lmcu;
 
-extern "C" int lm_cu_gather(void *stream, int dtype, const void *c, const int32_t *src,
+extern "C" int lmoe_cu_gather(void *stream, int dtype, const void *c, const int32_t *src,
                             int64_t R, int64_t k, int64_t l, void *xe, k3rt_error *err)
 {
     K3RT_TRY(check_dtype(dtype, err));
     if (R < 1)
         return K3RT_OK;
     (dtype == K3RT_F32 ? gather<float> : gather<bf16>)((cudaStream_t)stream, c, src, R, k, l, xe);
-    LM_LAUNCHED("gather_kernel");
+    LMOE_LAUNCHED("gather_kernel");
     return K3RT_OK;
 }
 
-extern "C" int lm_cu_combine(void *stream, int dtype, const void *ye, const int32_t *pos,
+extern "C" int lmoe_cu_combine(void *stream, int dtype, const void *ye, const int32_t *pos,
                              const float *w, int64_t N, int64_t k, int64_t l, void *U,
                              k3rt_error *err)
 {
@@ -157,11 +157,11 @@ extern "C" int lm_cu_combine(void *stream, int dtype, const void *ye, const int3
         return K3RT_OK;
     (dtype == K3RT_F32 ? combine<float> : combine<bf16>)((cudaStream_t)stream, ye, pos, w, N, k,
                                                          l, U);
-    LM_LAUNCHED("combine_kernel");
+    LMOE_LAUNCHED("combine_kernel");
     return K3RT_OK;
 }
 
-extern "C" int lm_cu_combine_bwd(void *stream, int dtype, const void *dU, const void *ye,
+extern "C" int lmoe_cu_combine_bwd(void *stream, int dtype, const void *dU, const void *ye,
                                  const int32_t *pos, const float *p, int64_t N, int64_t k,
                                  int64_t l, float *dp, void *dye, k3rt_error *err)
 {
@@ -170,11 +170,11 @@ extern "C" int lm_cu_combine_bwd(void *stream, int dtype, const void *dU, const 
         return K3RT_OK;
     (dtype == K3RT_F32 ? combine_bwd<float> : combine_bwd<bf16>)((cudaStream_t)stream, dU, ye,
                                                                  pos, p, N, k, l, dp, dye);
-    LM_LAUNCHED("combine_bwd_kernel");
+    LMOE_LAUNCHED("combine_bwd_kernel");
     return K3RT_OK;
 }
 
-extern "C" int lm_cu_router_bwd(void *stream, const float *s, const int32_t *sel,
+extern "C" int lmoe_cu_router_bwd(void *stream, const float *s, const int32_t *sel,
                                 const float *dp, const float *d_scores, int64_t N, int64_t E,
                                 int64_t k, int renormalize, double rscale, float *dz,
                                 k3rt_error *err)
@@ -183,6 +183,6 @@ extern "C" int lm_cu_router_bwd(void *stream, const float *s, const int32_t *sel
         return K3RT_OK;
     router_bwd_kernel<<<blocks(N), ROW_THREADS, 0, (cudaStream_t)stream>>>(
         s, sel, dp, d_scores, (int)E, (int)k, renormalize, (float)rscale, dz);
-    LM_LAUNCHED("router_bwd_kernel");
+    LMOE_LAUNCHED("router_bwd_kernel");
     return K3RT_OK;
 }
