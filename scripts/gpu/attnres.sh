@@ -38,7 +38,7 @@ section() {  # name limit command...: runs it into $LOGS/name.log, prints the ta
     [ $rc = 0 ] || status=1
 }
 if want test; then
-    section test 35 "$BUILD/bin/gpu_test_attnres_cuda"
+    section test 45 "$BUILD/bin/gpu_test_attnres_cuda"
     grep -E "^(op|stack):|worst|FAILED|Checks|differs" "$LOGS/test.log" | head -80
 fi
 if want check; then
@@ -52,7 +52,7 @@ if want memcheck; then
 fi
 if want bench; then
     t0=$(date +%s)
-    PYTHONPATH="$FLA:$ROOT/scripts/bench${PYTHONPATH:+:$PYTHONPATH}" timeout ${ATTNRES_BENCH_LIMIT:-90} \
+    PYTHONPATH="$FLA:$ROOT/scripts/bench${PYTHONPATH:+:$PYTHONPATH}" timeout ${ATTNRES_BENCH_LIMIT:-100} \
         python3 "$ROOT/scripts/bench/attnres_gpu.py" --lib "$BUILD/lib" --lib "$ROOT/libs" \
         --runs 30 --warmup 5 --json "$LOGS/bench.json" > "$LOGS/bench.log" 2>&1
     rc=$?

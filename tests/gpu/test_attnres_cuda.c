@@ -1,9 +1,10 @@
 /* block_attnres on CUDA against the same plugin on the CPU in f64 (the finite-difference-tested
  * reference), on the values the device holds (inputs rounded to the run's dtype first).
  *  (a) One mixing op (op_forward / op_backward) over 2, 5, 9 and 17 sources (the last one the
- *      partial sum), d = 64 and 1024, N = B*T tokens not a multiple of the backward's grid
- *      (2048 blocks: some walk two tokens, some one): h, every source's and the partial's
- *      gradient, the pseudo-query's and the key-norm gain's. Random pseudo-queries (logits of
+ *      partial sum), d = 64 and 1024, and 9 sources at d = 2048 (the benchmark's shape), 5 at
+ *      d = 8192 (16 elements a thread); N = B*T tokens not a multiple of the backward's grid
+ *      (2048 blocks: some walk two tokens, some one), or fewer than its blocks: h, every
+ *      source's and the partial's gradient, the pseudo-query's and the key-norm gain's. Random pseudo-queries (logits of
  *      order 1) and gains around 1, sources of different scales.
  *  (b) The model's control flow (begin / mix / push / finish and their backwards) through a
  *      toy stack y_s = tanh(x_s), plain and with the pre-norm fused (mix_norm, y_s =
@@ -348,6 +349,10 @@ START_TEST(op_vs_cpu)
         op_case(ns[i], 64, 3, 701);
         if (!small_only)
             op_case(ns[i], 1024, 1, 2101);
+    }
+    if (!small_only) {
+        op_case(9, 2048, 1, 1037);  /* the benchmark's shape: 9 sources, one chunk in bf16 */
+        op_case(5, 8192, 1, 300);   /* 16 elements a thread */
     }
     ck_assert_msg(n_failed == 0, "%d checks failed (see the log)", n_failed);
 }

@@ -2,15 +2,20 @@
 //
 // Tiling. A token's row of d elements is spread over one thread block, 8 elements a thread up
 // to d = 4096 (one 16-byte bf16 vector or two f32 ones), 16 beyond, so 2048 columns take 256
-// threads and every per-token sum over d is one block reduction: warp shuffles, then the warps' partials added
-// in warp order from shared memory (double-buffered, one barrier per reduction). The forward
-// gives a block to a token; the backward a fixed grid of AR_CUDA_BWD_BLOCKS blocks, each
-// walking tokens blockIdx.x, + gridDim.x, ..., so that its pseudo-query (and norm gain)
-// gradient partial is one row of the scratch, summed over blocks in block order afterwards.
+// threads. The forward gives a block to a token; the backward a fixed grid of
+// AR_CUDA_BWD_BLOCKS blocks, each walking tokens blockIdx.x, + gridDim.x, ..., so that its
+// pseudo-query (and norm gain) gradient partial is one row of the scratch, summed over blocks
+// in block order afterwards.
 //
-// Both kernels stream each source row once from memory and hold the next source's vectors in
-// flight while the current one is reduced. The op is bound by memory traffic: the forward moves
-// (n + 1) rows of d per token, the backward 2n + 2 (or, accumulating f32 gradients, more).
+// What bounds it: memory traffic (the forward moves n + 1 rows of d per token, the backward
+// 2n + 2), so the bytes in flight per SM. The sources are taken a chunk at a time: every
+// source's vectors of the chunk are loaded before any is reduced, and one block reduction
+// (block_sums.cuh: a warp reduce-scatter, one barrier) gives all their sums at once; a second
+// barrier shares the per-source factors. The chunk is what fits in registers beside the rest:
+// 16 vectors a thread in the forward, about 96 registers in all in the backward (bwd_chunk),
+// so Block AttnRes's 9 bf16 sources at d = 2048 are one chunk, 2 blocks of 256 threads an SM.
+// Reducing a source at a time (a barrier and one vector in flight per source) reached 43% of
+// copy bandwidth at N 32768, d 2048, 9 sources on the H200 (docs/PERFORMANCE.md).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <float.h>
@@ -18,8 +23,11 @@
 #include <stdint.h>
 
 #include "attnres_cuda.h"
+#include "block_sums.cuh"
 
 namespace {
+
+using attnres::BlockSums;
 
 typedef __nv_bfloat16 bf16;
 
@@ -135,38 +143,6 @@ template <typename T, int E> struct Row {
     }
 };
 
-// Sums K values over the block; every thread gets the totals. `ph` alternates the shared
-// buffer so one barrier per call suffices; the warps' partials are added in warp order.
-template <int K> struct Reducer {
-    float (*buf)[32][K];
-    int ph = 0;
-    __device__ void sum(float *x)
-    {
-#pragma unroll
-        for (int k = 0; k < K; k++)
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                x[k] += __shfl_xor_sync(0xffffffffu, x[k], o);
-        const int nw = blockDim.x >> 5;
-        if (nw == 1)
-            return;
-        const int w = threadIdx.x >> 5;
-        if ((threadIdx.x & 31) == 0)
-#pragma unroll
-            for (int k = 0; k < K; k++)
-                buf[ph][w][k] = x[k];
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            float s = 0.0f;
-            for (int i = 0; i < nw; i++)
-                s += buf[ph][i][k];
-            x[k] = s;
-        }
-        ph ^= 1;
-    }
-};
-
 struct FwdParams {
     ar_cuda_op op;
     void *h;
@@ -184,48 +160,93 @@ __device__ __forceinline__ void load_q(const Row<T, EPT> &r, const ar_cuda_op &o
         q[k] *= g[k];
 }
 
-template <typename T, int EPT, bool NORM>
+// Sources per chunk: n split into equal chunks of at most CH.
+__device__ __forceinline__ int chunk_size(int n, int ch)
+{
+    const int chunks = n > 0 ? (n + ch - 1) / ch : 1;
+    return (n + chunks - 1) / chunks;
+}
+
+// Issues the loads of sources i0 .. i0 + cnt - 1 (the rest zero): all in flight together.
+template <typename T, int EPT, int CH>
+__device__ __forceinline__ void load_chunk(const Row<T, EPT> &r, const ar_cuda_op &op, int i0,
+                                           int cnt, int64_t off, uint4 (*u)[Row<T, EPT>::P])
+{
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+        if (c < cnt)
+            r.load(op.v[i0 + c], off, u[c]);
+        else
+#pragma unroll
+            for (int j = 0; j < Row<T, EPT>::P; j++)
+                u[c][j] = make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <typename T, int EPT, int CH, bool NORM>
 __global__ void __launch_bounds__(512) fwd_kernel(const FwdParams p)
 {
-    __shared__ float red[2][32][2];
+    __shared__ float red[2 * 32 * 2 * CH];
     __shared__ float zs[AR_CUDA_MAX_SOURCES];
     const ar_cuda_op &op = p.op;
     constexpr int P = Row<T, EPT>::P;
+    const int n = op.n, cs = chunk_size(n, CH);
     const int64_t t = blockIdx.x, off = t * op.d;
     const float inv_d = 1.0f / (float)op.d;
     Row<T, EPT> r(op.d);
-    Reducer<2> R{red};
+    BlockSums<2 * CH> R{red};
     float q[EPT], acc[EPT], m = -INFINITY, l = 0.0f;
     load_q(r, op, q);
 #pragma unroll
     for (int k = 0; k < EPT; k++)
         acc[k] = 0.0f;
-    uint4 cur[P], nxt[P];
-    r.load(op.v[0], off, cur);
-    for (int i = 0; i < op.n; i++) {
-        if (i + 1 < op.n)
-            r.load(op.v[i + 1], off, nxt);
-        float f[EPT], s[2] = {0.0f, 0.0f};
-        r.unpack_all(cur, f);
+    for (int i0 = 0; i0 < n; i0 += cs) {
+        const int cnt = min(cs, n - i0);
+        uint4 u[CH][P];
+        load_chunk<T, EPT, CH>(r, op, i0, cnt, off, u);
+        float s[2 * CH];  // per source: |v|^2, q . v
 #pragma unroll
-        for (int k = 0; k < EPT; k++)
-            s[0] += f[k] * f[k], s[1] += q[k] * f[k];
-        R.sum(s);
-        const float rho = 1.0f / sqrtf(s[0] * inv_d + op.eps), z = rho * s[1];
-        if (threadIdx.x == 0) {
+        for (int c = 0; c < CH; c++) {
+            float f[EPT];
+            r.unpack_all(u[c], f);
+            s[2 * c] = 0.0f, s[2 * c + 1] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < EPT; k++)
+                s[2 * c] += f[k] * f[k], s[2 * c + 1] += q[k] * f[k];
+        }
+        R.template reduce<2 * CH>(s);
+        if ((int)threadIdx.x < cnt) {
+            const int i = i0 + (int)threadIdx.x;
+            const float rho = 1.0f / sqrtf(R.total(2 * threadIdx.x) * inv_d + op.eps);
+            const float z = rho * R.total(2 * threadIdx.x + 1);
             zs[i] = z;
-            if (i == op.n - 1 && op.rho_last)
+            if (i == n - 1 && op.rho_last)
                 op.rho_last[t] = rho, op.z_last[t] = z;
         }
-        const float mn = fmaxf(m, z), sc = expf(m - mn), pz = expf(z - mn);
-        l = l * sc + pz;
+        __syncthreads();  // zs
+        // the online softmax (spec §7), a chunk at a time
+        float mn = m;
+#pragma unroll
+        for (int c = 0; c < CH; c++)
+            if (c < cnt)
+                mn = fmaxf(mn, zs[i0 + c]);
+        const float sc = expf(m - mn);
+        l *= sc;
 #pragma unroll
         for (int k = 0; k < EPT; k++)
-            acc[k] = acc[k] * sc + pz * f[k];
-        m = mn;
+            acc[k] *= sc;
 #pragma unroll
-        for (int j = 0; j < P; j++)
-            cur[j] = nxt[j];
+        for (int c = 0; c < CH; c++)
+            if (c < cnt) {
+                const float pz = expf(zs[i0 + c] - mn);
+                float f[EPT];
+                r.unpack_all(u[c], f);
+                l += pz;
+#pragma unroll
+                for (int k = 0; k < EPT; k++)
+                    acc[k] += pz * f[k];
+            }
+        m = mn;
     }
     const float inv = 1.0f / l;
 #pragma unroll
@@ -234,18 +255,17 @@ __global__ void __launch_bounds__(512) fwd_kernel(const FwdParams p)
     if (p.h32)
         r.write32(p.h32 + off, acc);
     r.write(p.h, off, acc);
-    __syncthreads();  // zs
-    for (int i = threadIdx.x; i < op.n; i += blockDim.x)
-        op.alpha[t * op.n + i] = expf(zs[i] - m) * inv;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        op.alpha[t * n + i] = expf(zs[i] - m) * inv;
     if (NORM) {
         // the engine's RMSNorm of h as stored (rounded to T)
-        float g[EPT], s[2] = {0.0f, 0.0f};
+        float g[EPT], s[1] = {0.0f};
         r.round(acc);
 #pragma unroll
         for (int k = 0; k < EPT; k++)
             s[0] += acc[k] * acc[k];
-        R.sum(s);
-        const float rs = 1.0f / sqrtf(s[0] * inv_d + op.norm_eps);
+        R.template reduce<1>(s);
+        const float rs = 1.0f / sqrtf(R.total(0) * inv_d + op.norm_eps);
         r.read(op.norm_gain, 0, g);
 #pragma unroll
         for (int k = 0; k < EPT; k++)
@@ -265,11 +285,10 @@ struct BwdParams {
 // dv_i (+)= a dh + kq q + kv v for one source, and its share of dq.
 template <typename T, int EPT>
 __device__ __forceinline__ void source_grad(const Row<T, EPT> &r, const BwdParams &p, int i,
-                                            int64_t off, float a, float dz, float rho, float z,
+                                            int64_t off, float a, float kq, float kv,
                                             const float *dh, const float *q, const float *v,
                                             float *dq)
 {
-    const float kq = dz * rho, kv = -dz * rho * rho * z / (float)p.op.d;
 #pragma unroll
     for (int k = 0; k < EPT; k++)
         dq[k] += kq * v[k];
@@ -292,16 +311,27 @@ __device__ __forceinline__ void source_grad(const Row<T, EPT> &r, const BwdParam
     r.write32(acc, g);
 }
 
-template <typename T, int EPT, bool NORM, bool RECON>
+// The factors of source i's gradient: with dz = a (dh . v - delta), kq = dz rho (the q term)
+// and kv = -dz rho^2 z / d (the key norm's).
+__device__ __forceinline__ float3 grad_factors(float a, float dhv, float delta, float rho,
+                                               float z, int64_t d)
+{
+    const float dz = a * (dhv - delta);
+    return make_float3(a, dz * rho, -dz * rho * rho * z / (float)d);
+}
+
+template <typename T, int EPT, int CH, bool NORM, bool RECON>
 __global__ void __launch_bounds__(512) bwd_kernel(const BwdParams p)
 {
-    __shared__ float red[2][32][3];
+    constexpr int K = 3 * CH + 1;  // delta's dh . h, then per source dh . v, |v|^2, q . v
+    __shared__ float red[2 * 32 * K];
+    __shared__ float3 fac[CH];
     const ar_cuda_op &op = p.op;
     constexpr int P = Row<T, EPT>::P;
-    const int n = op.n, nread = RECON ? n - 1 : n;
+    const int n = op.n, nread = RECON ? n - 1 : n, cs = chunk_size(nread, CH);
     const float inv_d = 1.0f / (float)op.d;
     Row<T, EPT> r(op.d);
-    Reducer<3> R{red};
+    BlockSums<K> R{red};
     float q[EPT], dq[EPT], gg[EPT], ng[EPT];
     load_q(r, op, q);
     if (NORM)
@@ -312,81 +342,98 @@ __global__ void __launch_bounds__(512) bwd_kernel(const BwdParams p)
     for (int64_t t = blockIdx.x; t < op.N; t += gridDim.x) {
         const int64_t off = t * op.d;
         const float *al = op.alpha + t * n;
-        float h[EPT], dh[EPT], hd;
+        float h[EPT], dh[EPT], hd = 0.0f;
+        uint4 u[CH][P];
+        int i0 = 0, cnt = min(cs, nread);
         if (p.b.h32)
             r.read32(p.b.h32 + off, h);
         else
             r.read(p.b.h, off, h);
         r.read(p.b.dh, off, dh);
+        load_chunk<T, EPT, CH>(r, op, 0, cnt, off, u);
         if (NORM) {
             // dh = rs g dn - h rs^3 (h . g dn) / d: the engine's RMSNorm backward
             const float rs = op.rstd[t];
-            float s[3] = {0.0f, 0.0f, 0.0f};
+            float s[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int k = 0; k < EPT; k++) {
                 gg[k] += dh[k] * h[k] * rs;
                 s[0] += h[k] * ng[k] * dh[k], s[1] += h[k] * h[k];
             }
-            R.sum(s);
-            const float c = rs * rs * rs * s[0] * inv_d;
+            R.template reduce<2>(s);
+            const float s0 = R.total(0), s1 = R.total(1), c = rs * rs * rs * s0 * inv_d;
 #pragma unroll
             for (int k = 0; k < EPT; k++)
                 dh[k] = rs * ng[k] * dh[k] - c * h[k];
-            hd = rs * s[0] - c * s[1];
-        } else {
-            float s[3] = {0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int k = 0; k < EPT; k++)
-                s[0] += dh[k] * h[k];
-            R.sum(s);
-            hd = s[0];
+            hd = rs * s0 - c * s1;
         }
         float S[EPT];  // RECON: sum_{i < n-1} alpha_i v_i
 #pragma unroll
         for (int k = 0; k < EPT; k++)
             S[k] = 0.0f;
-        uint4 cur[P], nxt[P];
-        if (nread > 0)
-            r.load(op.v[0], off, cur);
-        for (int i = 0; i < nread; i++) {
-            if (i + 1 < nread)
-                r.load(op.v[i + 1], off, nxt);
-            float f[EPT], s[3] = {0.0f, 0.0f, 0.0f};
-            r.unpack_all(cur, f);
-#pragma unroll
-            for (int k = 0; k < EPT; k++)
-                s[0] += dh[k] * f[k], s[1] += f[k] * f[k], s[2] += q[k] * f[k];
-            R.sum(s);
-            float rho, z;
-            if (i == n - 1 && op.rho_last) {
-                rho = op.rho_last[t], z = op.z_last[t];
-            } else {
-                rho = 1.0f / sqrtf(s[1] * inv_d + op.eps), z = rho * s[2];
-            }
-            const float a = al[i];
-            source_grad(r, p, i, off, a, a * (s[0] - hd), rho, z, dh, q, f, dq);
-            if (RECON)
+        for (;;) {
+            float s[K];
+            s[0] = 0.0f;
+            if (!NORM && i0 == 0)
 #pragma unroll
                 for (int k = 0; k < EPT; k++)
-                    S[k] += a * f[k];
+                    s[0] += dh[k] * h[k];
 #pragma unroll
-            for (int j = 0; j < P; j++)
-                cur[j] = nxt[j];
+            for (int c = 0; c < CH; c++) {
+                float f[EPT], *x = s + 1 + 3 * c;
+                r.unpack_all(u[c], f);
+                x[0] = 0.0f, x[1] = 0.0f, x[2] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < EPT; k++)
+                    x[0] += dh[k] * f[k], x[1] += f[k] * f[k], x[2] += q[k] * f[k];
+            }
+            R.template reduce<K>(s);
+            if (!NORM && i0 == 0)
+                hd = R.total(0);
+            if ((int)threadIdx.x < cnt) {
+                const int c = threadIdx.x, i = i0 + c;
+                float rho, z;
+                if (i == n - 1 && op.rho_last) {
+                    rho = op.rho_last[t], z = op.z_last[t];
+                } else {
+                    rho = 1.0f / sqrtf(R.total(2 + 3 * c) * inv_d + op.eps);
+                    z = rho * R.total(3 + 3 * c);
+                }
+                fac[c] = grad_factors(al[i], R.total(1 + 3 * c), hd, rho, z, op.d);
+            }
+            __syncthreads();  // fac
+#pragma unroll
+            for (int c = 0; c < CH; c++)
+                if (c < cnt) {
+                    const float3 g = fac[c];
+                    float f[EPT];
+                    r.unpack_all(u[c], f);
+                    source_grad(r, p, i0 + c, off, g.x, g.y, g.z, dh, q, f, dq);
+                    if (RECON)
+#pragma unroll
+                        for (int k = 0; k < EPT; k++)
+                            S[k] += g.x * f[k];
+                }
+            i0 += cs;
+            if (i0 >= nread)
+                break;
+            cnt = min(cs, nread - i0);
+            load_chunk<T, EPT, CH>(r, op, i0, cnt, off, u);
         }
         if (RECON) {
             // the partial sum: p = (h - S) / alpha_{n-1}, 0 where alpha_{n-1} underflows (every
             // term that uses it carries that factor)
             const float a = al[n - 1];
             const float inv = a > FLT_EPSILON ? 1.0f / a : 0.0f;
-            float s[3] = {0.0f, 0.0f, 0.0f};
+            float s[1] = {0.0f};
 #pragma unroll
             for (int k = 0; k < EPT; k++) {
                 S[k] = (h[k] - S[k]) * inv;
                 s[0] += dh[k] * S[k];
             }
-            R.sum(s);
-            source_grad(r, p, n - 1, off, a, a * (s[0] - hd), op.rho_last[t], op.z_last[t], dh,
-                        q, S, dq);
+            R.template reduce<1>(s);
+            const float3 g = grad_factors(a, R.total(0), hd, op.rho_last[t], op.z_last[t], op.d);
+            source_grad(r, p, n - 1, off, g.x, g.y, g.z, dh, q, S, dq);
         }
     }
     r.write32(p.part_q + blockIdx.x * op.d, dq);
@@ -394,24 +441,41 @@ __global__ void __launch_bounds__(512) bwd_kernel(const BwdParams p)
         r.write32(p.part_g + blockIdx.x * op.d, gg);
 }
 
-// dq[k] = sum over blocks (in block order); dw += dq gamma, dgamma += dq w; the norm gain's too.
+// dq[k] = sum over the backward's blocks in a fixed order; dw += dq gamma, dgamma += dq w; the
+// norm gain's too. A block covers 32 columns with PK_GROUPS warps, warp g adding rows g,
+// g + PK_GROUPS, ...; the warps' sums are added in warp order. (One thread a column walking all
+// 2048 rows left a few dozen warps on the GPU, latency bound.)
+constexpr int PK_GROUPS = 16;
+
 template <typename T>
-__global__ void params_kernel(const float *part_q, const float *part_g, int blocks, int64_t d,
-                              const T *w, const T *gamma, float *dw, float *dgamma, float *dng)
+__global__ void __launch_bounds__(32 * PK_GROUPS)
+params_kernel(const float *part_q, const float *part_g, int blocks, int64_t d, const T *w,
+              const T *gamma, float *dw, float *dgamma, float *dng)
 {
-    const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= d)
+    __shared__ float sh[2][PK_GROUPS][32];
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+    const int64_t k = (int64_t)blockIdx.x * 32 + lane;
+    float s = 0.0f, sg = 0.0f;
+    if (k < d) {
+#pragma unroll 8
+        for (int b = g; b < blocks; b += PK_GROUPS)
+            s += part_q[b * d + k];
+        if (part_g)
+#pragma unroll 8
+            for (int b = g; b < blocks; b += PK_GROUPS)
+                sg += part_g[b * d + k];
+    }
+    sh[0][g][lane] = s, sh[1][g][lane] = sg;
+    __syncthreads();
+    if (g || k >= d)
         return;
-    float s = 0.0f, g = 0.0f;
-    for (int b = 0; b < blocks; b++)
-        s += part_q[b * d + k];
+    s = 0.0f, sg = 0.0f;
+    for (int i = 0; i < PK_GROUPS; i++)
+        s += sh[0][i][lane], sg += sh[1][i][lane];
     dw[k] += s * (float)gamma[k];
     dgamma[k] += s * (float)w[k];
-    if (part_g) {
-        for (int b = 0; b < blocks; b++)
-            g += part_g[b * d + k];
-        dng[k] += g;
-    }
+    if (part_g)
+        dng[k] += sg;
 }
 
 // One block per slot of the row: the column sum of alpha in a fixed tree.
@@ -462,13 +526,30 @@ unsigned threads_for(int64_t d)
 
 unsigned bwd_blocks(int64_t N) { return (unsigned)(N < AR_CUDA_BWD_BLOCKS ? N : AR_CUDA_BWD_BLOCKS); }
 
+// The sources a chunk keeps in flight: at most 16 vectors a thread (64 registers), half as many
+// when the op has few sources (registers spared for more resident blocks).
+template <typename T, int E> struct Chunks {
+    static constexpr int P = Row<T, E>::P, BIG = 16 / P > 1 ? 16 / P : 1,
+                         SMALL = BIG / 2 > 1 ? BIG / 2 : 1;
+};
+
+template <typename T, int E, int CH>
+void fwd_ch(cudaStream_t st, const FwdParams &p, dim3 grid, dim3 block)
+{
+    if (p.op.norm_gain)
+        fwd_kernel<T, E, CH, true><<<grid, block, 0, st>>>(p);
+    else
+        fwd_kernel<T, E, CH, false><<<grid, block, 0, st>>>(p);
+}
+
 template <typename T, int E>
 void fwd_e(cudaStream_t st, const FwdParams &p, dim3 grid, dim3 block)
 {
-    if (p.op.norm_gain)
-        fwd_kernel<T, E, true><<<grid, block, 0, st>>>(p);
+    using C = Chunks<T, E>;
+    if (p.op.n <= C::SMALL)
+        fwd_ch<T, E, C::SMALL>(st, p, grid, block);
     else
-        fwd_kernel<T, E, false><<<grid, block, 0, st>>>(p);
+        fwd_ch<T, E, C::BIG>(st, p, grid, block);
 }
 
 template <typename T>
@@ -483,18 +564,38 @@ int launch_fwd(cudaStream_t st, const FwdParams &p, k3rt_error *err)
     return K3RT_OK;
 }
 
+// The backward holds more per thread (h, dh, q, dq, with the fused norm its gain and gradient,
+// rebuilding the partial its sum): its chunk is what fits beside them in about 96 registers, a
+// source costing its vectors and its three sums. Block AttnRes's 9 sources at d <= 2048 in bf16
+// are one chunk.
+constexpr int bwd_chunk(int P, int E, bool norm, bool recon)
+{
+    const int c = (96 - (4 + 2 * norm + recon) * E) / (4 * P + 3);
+    return c > 1 ? c : 1;
+}
+
+template <typename T, int E, bool NORM, bool RECON>
+void bwd_nr(cudaStream_t st, const BwdParams &p, dim3 grid, dim3 block)
+{
+    constexpr int big = bwd_chunk(Row<T, E>::P, E, NORM, RECON), small = (big + 1) / 2;
+    if (p.op.n - (RECON ? 1 : 0) <= small)
+        bwd_kernel<T, E, small, NORM, RECON><<<grid, block, 0, st>>>(p);
+    else
+        bwd_kernel<T, E, big, NORM, RECON><<<grid, block, 0, st>>>(p);
+}
+
 template <typename T, int E>
 void bwd_e(cudaStream_t st, const BwdParams &p, dim3 grid, dim3 block)
 {
     const bool norm = p.op.norm_gain != nullptr;
     if (norm && p.b.recon)
-        bwd_kernel<T, E, true, true><<<grid, block, 0, st>>>(p);
+        bwd_nr<T, E, true, true>(st, p, grid, block);
     else if (norm)
-        bwd_kernel<T, E, true, false><<<grid, block, 0, st>>>(p);
+        bwd_nr<T, E, true, false>(st, p, grid, block);
     else if (p.b.recon)
-        bwd_kernel<T, E, false, true><<<grid, block, 0, st>>>(p);
+        bwd_nr<T, E, false, true>(st, p, grid, block);
     else
-        bwd_kernel<T, E, false, false><<<grid, block, 0, st>>>(p);
+        bwd_nr<T, E, false, false>(st, p, grid, block);
 }
 
 template <typename T>
@@ -507,8 +608,8 @@ int launch_bwd(cudaStream_t st, const BwdParams &p, k3rt_error *err)
         bwd_e<T, 16>(st, p, grid, block);
     AR_TRY(cudaGetLastError(), "launch of the backward");
     const bool norm = p.op.norm_gain != nullptr;
-    const unsigned pt = 256, pb = (unsigned)((p.op.d + pt - 1) / pt);
-    params_kernel<T><<<pb, pt, 0, st>>>(p.part_q, norm ? p.part_g : nullptr, (int)grid.x,
+    const unsigned pb = (unsigned)((p.op.d + 31) / 32);
+    params_kernel<T><<<pb, 32 * PK_GROUPS, 0, st>>>(p.part_q, norm ? p.part_g : nullptr, (int)grid.x,
                                         p.op.d, (const T *)p.op.w, (const T *)p.op.gamma,
                                         p.b.dw, p.b.dgamma, p.b.norm_gain_grad);
     AR_TRY(cudaGetLastError(), "launch of the parameter sums");

@@ -1,17 +1,19 @@
 /* One AttnRes mixing op on CUDA (attnres.cu), f32 or bf16 sources with fp32 arithmetic: the
  * same function as the CPU's cpu.inc.c (see there for the math), in two kernels a call:
  *
- *   forward   one thread block per token reads each source row once: the key norm's sum of
- *             squares and the logit q . v come from one block reduction per source, and an
- *             online softmax folds the source into the running weighted sum (spec §7); the
- *             engine's pre-norm (RMSNorm(h) * gain) is applied to h before it leaves registers.
- *   backward  a fixed grid of blocks walks the tokens; per token delta = dh . h comes first
- *             (h is the forward's output), so each source is read once: one reduction gives
- *             dh . v, |v|^2 and q . v, and its gradient is written in the same pass. With
- *             `recon` the last source (the within-block partial sum) is not read at all but
- *             rebuilt from h and the other sources in registers. The pseudo-query and norm
- *             gradients are per-block partial sums added in block order by a second kernel:
- *             no float atomics, the same bits on every run on a given device.
+ *   forward   one thread block per token reads each source row once: the key norms' sums of
+ *             squares and the logits q . v of a chunk of sources (all of them, for a few) come
+ *             from one block reduction, and an online softmax folds the chunk into the running
+ *             weighted sum (spec §7); the engine's pre-norm (RMSNorm(h) * gain) is applied to
+ *             h before it leaves registers.
+ *   backward  a fixed grid of blocks walks the tokens; delta = dh . h (h is the forward's
+ *             output) needs no source, so each source is read once: one reduction per chunk
+ *             gives every source's dh . v, |v|^2 and q . v (and delta with the first), and the
+ *             gradients are written in the same pass. With `recon` the last source (the
+ *             within-block partial sum) is not read at all but rebuilt from h and the other
+ *             sources in registers. The pseudo-query and norm gradients are per-block partial
+ *             sums added in block order by a second kernel: no float atomics, the same bits
+ *             on every run on a given device.
  *
  * Pointers are device pointers, `stream` a cudaStream_t. Sources, h, dh, w, gamma and the
  * pre-norm's gain and output are `dtype`; everything typed float is f32 in both dtypes
