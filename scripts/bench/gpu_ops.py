@@ -173,7 +173,8 @@ def main():
         except Exception as e:  # a peer missing from this PyTorch: report, keep going
             r["torch_error"] = f"{type(e).__name__}: {e}"
         if case is not None:
-            for at, (fn, what) in zip(("torch", "torch32"), (case[:2], case[2:])):
+            # (fn, what) for the plain peer, then (fn, what) for the fp32-gradient one if any
+            for at, (fn, what) in zip(("torch", "torch32"), (case[i:i + 2] for i in range(0, len(case), 2))):
                 r[at + "_what"] = what
                 try:
                     r[at + "_ms"] = median_ms(fn, a.runs, a.warmup)
