@@ -1,15 +1,17 @@
 // The grouped weight gradient (grouped_dw.cuh): the schedule for the call, the cooperative
 // instantiation, and the zeroing of empty groups when it overwrites.
 //
-// Schedule: dW's K is a group's own rows, so a tile's mainloop is n_g / 64 k-steps while its
-// epilogue reads and writes the 128x256 (or 128x128) fp32 block of dW_g whatever n_g is. Where
-// the mean group is short (K3: 512 rows an expert) the epilogue is as long as the math, which
-// pingpong can hide (one warp group's epilogue under the other's mainloop); where it is long
-// the cooperative 128x256 tile moves fewer operand bytes per flop. The host knows only the
-// mean (the counts stay on the device), so the choice is by rows / groups. Not yet timed on a
-// GPU: until it is, the threshold keeps the cooperative kernel, the one measured in
-// docs/PERFORMANCE.md. K3RT_GG_DW_KERNEL=cooperative or =pingpong forces one (the tests check
-// both, the benchmark times both: grouped_dw_co / grouped_dw_pp).
+// Schedule, from the H200 benchmark of 2026-12-02 (docs/PERFORMANCE.md): dW's K is a group's
+// own rows, so with skewed counts one heavy expert's tiles each run a long mainloop while the
+// other SMs idle; how many SMs that expert can use is its count of output tiles. The
+// cooperative kernel tiles dW_g at 128x256, pingpong at 128x128 (twice the tiles). Where one
+// expert's dW has fewer 128x256 tiles than the GPU has SMs (K3-mini: 512x1536 = 24 tiles, 768x
+// 512 = 12), pingpong spreads a heavy expert over twice the SMs: 1.24x and 1.61x the
+// cooperative kernel on Zipf(1.2) counts, within 0-6% of it on uniform ones. Where it has many
+// (K3: 3584x6144 = 672 tiles) the smaller tile only costs: 0.83x cooperative on Zipf counts.
+// The counts stay on the device, so the rule reads only the shape. K3RT_GG_DW_KERNEL=
+// cooperative or =pingpong forces one (the tests check both, the benchmark times both:
+// grouped_dw_co / grouped_dw_pp).
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,17 +19,15 @@
 
 namespace {
 
-// Mean rows per group below which pingpong is taken (0: never, until the benchmark says).
-constexpr int64_t kPingpongBelow = 0;
-
-bool use_pingpong(const gg_call &c)
+bool use_pingpong(const cuda_stream_ctx *ctx, const gg_call &c)
 {
     const char *f = getenv("K3RT_GG_DW_KERNEL");
     if (f && !strcmp(f, "cooperative"))
         return false;
     if (f && !strcmp(f, "pingpong"))
         return true;
-    return c.rows < kPingpongBelow * c.groups;
+    int64_t tiles = ((c.out_features + 127) / 128) * ((c.in + 255) / 256);
+    return tiles < ctx->sms;
 }
 
 // dW_g = 0 for every empty group (which gets no tile): each block walks the groups and zeroes
@@ -76,6 +76,6 @@ int gg_run_dw(cuda_stream_ctx *ctx, const gg_call &c, k3rt_error *err)
         K3RT_TRY(zero_empty_groups(ctx, c, err));
     if (c.rows == 0)
         return K3RT_OK;
-    return use_pingpong(c) ? gg::launch_dw_pingpong(ctx, c, err)
+    return use_pingpong(ctx, c) ? gg::launch_dw_pingpong(ctx, c, err)
                            : gg::launch_dw<gg::cooperative>(ctx, c, err);
 }
