@@ -43,6 +43,10 @@ int cuda_grouped_linear_bwd_dev(k3rt_stream *s, int dtype, const void *x, const 
                                 const void *dy, void *dx, void *dw, const void *offsets,
                                 int offsets_dtype, int64_t groups, int64_t rows, int64_t in,
                                 int64_t out, int accumulate_dx, k3rt_error *err);
+int cuda_grouped_linear_dw_dev(k3rt_stream *s, int dtype, const void *x, const void *dy,
+                               void *dw, const void *offsets, int offsets_dtype, int64_t groups,
+                               int64_t rows, int64_t in, int64_t out, int accumulate,
+                               k3rt_error *err);
 
 int cuda_rmsnorm_fwd(k3rt_stream *s, int dtype, const void *x, const void *gain, void *y,
                      void *rstd, int64_t n, int64_t d, double eps, k3rt_error *err);

@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* OpenBLAS's OpenMP build sizes its team from the calling thread's OpenMP budget, so each
  * rank thread of the local backend gets the stream's share. */
@@ -197,9 +198,9 @@ int k3rt_grouped_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void
     for (int64_t g = 0; g < groups; g++) {
         int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
         const char *xg = (const char *)x + r0 * in * es, *dyg = (const char *)dy + r0 * out * es;
-        const char *wg = (const char *)w + g * out * in * es;
         if (dx)
-            gemm_one(dtype, 0, 0, rows, in, out, 1.0, dyg, out, wg, in,
+            gemm_one(dtype, 0, 0, rows, in, out, 1.0, dyg, out,
+                     (const char *)w + g * out * in * es, in,
                      accumulate_dx ? 1.0 : 0.0, (char *)dx + r0 * in * es, in);
         if (dw && rows > 0)
             gemm_one(dtype, 1, 0, out, in, rows, 1.0, dyg, out, xg, in, 1.0,
@@ -263,4 +264,19 @@ int k3rt_grouped_linear_bwd_dev(k3rt_stream *s, int dtype, const void *x, const 
                                      accumulate_dx, err);
     free(off);
     return rc;
+}
+
+int k3rt_grouped_linear_dw_dev(k3rt_stream *s, int dtype, const void *x, const void *dy,
+                               void *dw, const void *offsets, int offsets_dtype, int64_t groups,
+                               int64_t rows, int64_t in, int64_t out, int accumulate,
+                               k3rt_error *err)
+{
+    OPS_ON_CUDA(s, "grouped_linear_dw_dev",
+                cuda_grouped_linear_dw_dev(s, dtype, x, dy, dw, offsets, offsets_dtype, groups,
+                                           rows, in, out, accumulate, err));
+    K3RT_TRY(check_cpu_float(s, dtype, "grouped_linear_dw_dev", err));
+    if (!accumulate && groups > 0 && in > 0 && out > 0)
+        memset(dw, 0, (size_t)(groups * out * in) * k3rt_dtype_size(dtype));
+    return k3rt_grouped_linear_bwd_dev(s, dtype, x, NULL, dy, NULL, dw, offsets, offsets_dtype,
+                                       groups, rows, in, out, 0, err);
 }

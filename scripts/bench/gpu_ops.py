@@ -10,7 +10,9 @@ median of the runs, random normal inputs. Prints one table:
   (the fewest bytes the op must move over its time; the copy counts bytes read plus written).
 
 Peers: torch.matmul in bf16 (the dW row compares k3rt's fp32-accumulating dW += dy^T x with a
-bf16 torch product), torch._grouped_mm for experts, F.rms_norm and F.cross_entropy with
+bf16 torch product), torch._grouped_mm for experts (its grouped dW rows, bf16 out, also beside
+the peer training would run for an fp32 gradient: fp32 out, added into the gradient for
+grouped_dw, written for grouped_dw_set), F.rms_norm and F.cross_entropy with
 autograd for the backward, torch.optim.AdamW(fused=True), F.silu(g) * u, Tensor.to, and
 torch.linalg.vector_norm (fp32 accumulation, where k3rt's sum of squares accumulates fp64).
 
@@ -34,8 +36,26 @@ def randn(*shape, dtype=BF, scale=1.0):
     return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale).to(dtype)
 
 
+def fp32_grad_peer(gm, dy, x, offs, g, o, i, overwrite):
+    """torch._grouped_mm as training uses it for a gradient kept in fp32, which k3rt's dW is:
+    (fn, what) writing an fp32 result (overwrite: the step's first backward) or adding one into
+    the fp32 gradient. An fp32 out_dtype where this PyTorch takes one, else bf16 out then cast."""
+    grad = torch.zeros(g, o, i, device="cuda", dtype=torch.float32)
+    try:
+        gm(dy[:8].t(), x[:8], offs=torch.full_like(offs, 8), out_dtype=torch.float32)
+        prod, how = (lambda: gm(dy.t(), x, offs=offs, out_dtype=torch.float32)), "fp32 out"
+    except Exception:  # this PyTorch has no fp32 out for it
+        prod, how = (lambda: gm(dy.t(), x, offs=offs)), "bf16 out"
+    if overwrite:
+        if how == "fp32 out":
+            return prod, f"torch._grouped_mm ({how})"
+        return (lambda: grad.copy_(prod())), f"torch._grouped_mm ({how}) + grad.copy_"
+    return (lambda: grad.add_(prod())), f"torch._grouped_mm ({how}) + grad.add_"
+
+
 def torch_case(r):
-    """Returns (callable, what) running the PyTorch peer of driver row r, or None."""
+    """Returns (callable, what) running the PyTorch peer of driver row r, or None; for the
+    grouped weight gradient also (callable, what) of the fp32-gradient peer."""
     op = r["op"]
     if op.startswith("linear_"):
         n, i, o = r["n"], r["in"], r["out"]
@@ -58,7 +78,8 @@ def torch_case(r):
         if op == "grouped_dx":
             wc = w.transpose(-2, -1).contiguous().transpose(-2, -1)  # column-major W_g
             return lambda: gm(dy, wc, offs=offs), "torch._grouped_mm"
-        return lambda: gm(dy.t(), x, offs=offs), "torch._grouped_mm (bf16 out)"
+        plain = (lambda: gm(dy.t(), x, offs=offs)), "torch._grouped_mm (bf16 out)"
+        return plain + fp32_grad_peer(gm, dy, x, offs, g, o, i, op.startswith("grouped_dw_set"))
     if op == "gemm_f32":
         m, n, k = r["m"], r["n"], r["k"]
         a, b = randn(m, k, dtype=torch.float32), randn(k, n, dtype=torch.float32)
@@ -140,28 +161,39 @@ def main():
     for r in rows:
         if r["op"] == "copy":
             bw = r["bytes"] / (r["ms"] * 1e-3)
+    peers = {}  # rows differing only in k3rt's forced schedule (_co, _pp) share the peer
     for r in rows:
+        key = (r["op"].removesuffix("_co").removesuffix("_pp"), shape_of(r), r.get("counts"))
+        if key in peers:
+            r.update(peers[key])
+            continue
         case = None
         try:
             case = torch_case(r)
         except Exception as e:  # a peer missing from this PyTorch: report, keep going
             r["torch_error"] = f"{type(e).__name__}: {e}"
         if case is not None:
-            fn, what = case
-            r["torch_what"] = what
-            try:
-                r["torch_ms"] = median_ms(fn, a.runs, a.warmup)
-            except Exception as e:
-                r["torch_error"] = f"{type(e).__name__}: {e}"
+            # (fn, what) for the plain peer, then (fn, what) for the fp32-gradient one if any
+            for at, (fn, what) in zip(("torch", "torch32"), (case[i:i + 2] for i in range(0, len(case), 2))):
+                r[at + "_what"] = what
+                try:
+                    r[at + "_ms"] = median_ms(fn, a.runs, a.warmup)
+                except Exception as e:
+                    r[at + "_error"] = f"{type(e).__name__}: {e}"
             del fn, case
+        peers[key] = {k: v for k, v in r.items() if k.startswith("torch")}
         torch.cuda.empty_cache()
 
     print(f"\ncopy bandwidth used for %BW: {bw / 1e12:.2f} TB/s (read + write)")
-    head = f"{'op':<14} {'shape':<34} {'k3rt ms':>9} {'torch ms':>9} {'speed':>6} " \
+    head = f"{'op':<18} {'shape':<34} {'k3rt ms':>9} {'torch ms':>9} {'speed':>6} " \
            f"{'TFLOP/s':>8} {'%BW':>5}  peer"
     print(head)
     print("-" * len(head))
     for r in rows:
+        if "torch32_what" in r:  # the fp32-gradient peer beside the plain one
+            t32 = r.get("torch32_ms")
+            r["peer_note"] = (f"; vs {r['torch32_what']}: {t32:.4f} ms, speed "
+                              f"{t32 / r['ms']:.2f}") if t32 else f"; {r.get('torch32_error')}"
         k = r["ms"]
         t = r.get("torch_ms")
         speed = f"{t / k:6.2f}" if t else "     -"
@@ -169,7 +201,8 @@ def main():
         pbw = f"{100 * r['bytes'] / (k * 1e-3) / bw:5.0f}" if not r.get("flops") else "    -"
         tms = f"{t:9.4f}" if t else "        -"
         peer = r.get("torch_what", "") if t else r.get("torch_error", "no peer")
-        print(f"{r['op']:<14} {shape_of(r):<34} {k:9.4f} {tms} {speed} {tf} {pbw}  {peer}")
+        peer += r.get("peer_note", "")
+        print(f"{r['op']:<18} {shape_of(r):<34} {k:9.4f} {tms} {speed} {tf} {pbw}  {peer}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"copy_bw": bw, "rows": rows}, f, indent=1)

@@ -157,6 +157,37 @@ static int grp_dw(void *c, k3rt_error *err)
     return k3rt_grouped_linear_bwd_dev(S, K3RT_BF16, g->x, g->w, g->dy, NULL, g->dw, g->off,
                                        K3RT_I32, g->groups, g->rows, g->in, g->out, 0, err);
 }
+/* dW = dy^T x (the first backward of a step, into a gradient that is not read). */
+static int grp_dw_set(void *c, k3rt_error *err)
+{
+    grp_ctx *g = c;
+    return k3rt_grouped_linear_dw_dev(S, K3RT_BF16, g->x, g->dy, g->dw, g->off, K3RT_I32,
+                                      g->groups, g->rows, g->in, g->out, 0, err);
+}
+
+/* The weight gradient, accumulating (grouped_dw) and overwriting (grouped_dw_set), with the
+ * schedule the library picks and then each forced (K3RT_GG_DW_KERNEL): _co cooperative, _pp
+ * pingpong. */
+static void bench_grouped_dw(grp_ctx *c, const char *shape, double f)
+{
+    static const char *force[3][2] = {{NULL, ""}, {"cooperative", "_co"}, {"pingpong", "_pp"}};
+    double b_acc = (double)(c->rows * c->in + c->rows * c->out) * 2 + 8.0 * c->groups * c->in * c->out;
+    double b_set = b_acc - 4.0 * c->groups * c->in * c->out;
+    for (int k = 0; k < 3; k++) {
+        char op[64];
+        if (force[k][0])
+            setenv("K3RT_GG_DW_KERNEL", force[k][0], 1);
+        else
+            unsetenv("K3RT_GG_DW_KERNEL");
+        snprintf(op, sizeof op, "grouped_dw%s", force[k][1]);
+        report(op, shape, bench_median_ms(grp_dw, c, CS, WARM, RUNS, "grouped_linear_bwd dW"), f,
+               b_acc);
+        snprintf(op, sizeof op, "grouped_dw_set%s", force[k][1]);
+        report(op, shape, bench_median_ms(grp_dw_set, c, CS, WARM, RUNS, "grouped_linear_dw_dev"),
+               f, b_set);
+    }
+    unsetenv("K3RT_GG_DW_KERNEL");
+}
 
 /* Rows per expert: uniform (skew 0) or Zipf(skew), the expert of rank r getting a share
  * proportional to r^-skew (Zipf(1.2) over 64 experts: the largest 18.7x the mean), ranks
@@ -217,8 +248,7 @@ static void bench_grouped(int64_t groups, int64_t rows, int64_t in, int64_t out,
     double f = 2.0 * rows * in * out, b = (double)(rows * in + groups * in * out + rows * out) * 2;
     report("grouped_fwd", shape, bench_median_ms(grp_fwd, &c, CS, WARM, RUNS, "grouped_linear_fwd"), f, b);
     report("grouped_dx", shape, bench_median_ms(grp_dx, &c, CS, WARM, RUNS, "grouped_linear_bwd dx"), f, b);
-    report("grouped_dw", shape, bench_median_ms(grp_dw, &c, CS, WARM, RUNS, "grouped_linear_bwd dW"), f,
-           (double)(rows * in + rows * out) * 2 + 8.0 * groups * in * out);
+    bench_grouped_dw(&c, shape, f);
     k3rt_free(0, c.off), k3rt_free(0, c.x), k3rt_free(0, c.w), k3rt_free(0, c.y);
     k3rt_free(0, c.dy), k3rt_free(0, c.dx), k3rt_free(0, c.dw);
     free(count), free(off), free(list), free(shape);

@@ -6,7 +6,9 @@
  *
  * Skips (exit 77) without a CUDA device. Runs without fork: CUDA does not survive a fork of an
  * initialised process. */
+#define _POSIX_C_SOURCE 200809L  /* setenv */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -281,6 +283,37 @@ START_TEST(grouped_linear_vs_cpu)
 }
 END_TEST
 
+/* The weight gradient alone under each schedule (the library's pick, then each forced):
+ * accumulating onto random values, and overwriting a poisoned gradient, whose empty groups
+ * must come out zero. */
+static void grouped_dw_case(int64_t groups, const int64_t *off, const void *doff, int odt,
+                            const darr *x, const darr *dy, int64_t in, int64_t out)
+{
+    static const char *sched[3] = {NULL, "cooperative", "pingpong"};
+    k3rt_error err = {0};
+    int64_t rows = off[groups], n = groups * out * in;
+    for (int k = 0; k < 3; k++)
+        for (int acc = 0; acc < 2; acc++) {
+            if (sched[k])
+                setenv("K3RT_GG_DW_KERNEL", sched[k], 1);
+            else
+                unsetenv("K3RT_GG_DW_KERNEL");
+            darr dw = acc ? rnd(K3RT_F32, n, 1.0) : poisoned(K3RT_F32, n);
+            double *dwr = acc ? copy_of(dw.ref, n) : calloc((size_t)(n > 0 ? n : 1), sizeof *dwr);
+            TU_OK(k3rt_grouped_linear_bwd(H, K3RT_F64, x->ref, NULL, dy->ref, NULL, dwr, off,
+                                          groups, in, out, 0, &err), err);
+            TU_OK(k3rt_grouped_linear_dw_dev(G, K3RT_BF16, x->dev, dy->dev, dw.dev, doff, odt,
+                                             groups, rows, in, out, acc, &err), err);
+            char what[96];
+            snprintf(what, sizeof what, "grouped bf16 dW %s, %s", acc ? "+=" : "=",
+                     sched[k] ? sched[k] : "library's schedule");
+            expect_close(what, dwr, &dw);
+            free(dwr);
+            drop(&dw);
+        }
+    unsetenv("K3RT_GG_DW_KERNEL");
+}
+
 /* The CUTLASS grouped GEMM (bf16, in and out multiples of 8, sm_90; elsewhere the same calls
  * take the loop and the test still holds): offsets from the host (odt 0) and from the device
  * (odt K3RT_I32 or K3RT_I64). */
@@ -333,6 +366,8 @@ static void grouped_bf16_case(int64_t groups, const int64_t *off, int64_t in, in
         free(dxr), free(dwr);
         drop(&dx), drop(&dw);
     }
+    if (odt == K3RT_I32)
+        grouped_dw_case(groups, off, doff, odt, &x, &dy, in, out);
     free(yr), free(off32);
     if (doff)
         k3rt_free(0, doff);

@@ -293,6 +293,31 @@ START_TEST(grouped_linear_int32_offsets_match)
 }
 END_TEST
 
+START_TEST(grouped_linear_dw_overwrites_or_accumulates)
+{
+    /* dW alone: accumulate = 0 overwrites a gradient full of garbage (the empty group's block
+     * comes out zero), accumulate = 1 adds onto it, both as the full backward into zeros. */
+    double x[N * IN], w[3 * OUT * IN], dy[N * OUT], dw[3 * OUT * IN] = {0}, got[3 * OUT * IN];
+    tu_randn(x, N * IN, 1.0, 22);
+    tu_randn(w, 3 * OUT * IN, 1.0, 23);
+    tu_randn(dy, N * OUT, 1.0, 24);
+    const int32_t offs32[4] = {0, 2, 2, 5};
+    k3rt_error err = {0};
+    TU_OK(k3rt_grouped_linear_bwd(S, K3RT_F64, x, w, dy, NULL, dw, OFFS, 3, IN, OUT, 0, &err),
+          err);
+    for (int i = 0; i < 3 * OUT * IN; i++)
+        got[i] = 1e300;
+    TU_OK(k3rt_grouped_linear_dw_dev(S, K3RT_F64, x, dy, got, offs32, K3RT_I32, 3, N, IN, OUT, 0,
+                                     &err), err);
+    ck_assert_mem_eq(dw, got, sizeof dw);
+    ck_assert(got[OUT * IN] == 0.0 && got[2 * OUT * IN - 1] == 0.0);
+    TU_OK(k3rt_grouped_linear_dw_dev(S, K3RT_F64, x, dy, got, OFFS, K3RT_I64, 3, N, IN, OUT, 1,
+                                     &err), err);
+    for (int i = 0; i < 3 * OUT * IN; i++)
+        ck_assert_double_eq_tol(got[i], 2 * dw[i], 1e-12);
+}
+END_TEST
+
 /* ---- float against double; determinism across thread counts ---------------------------------- */
 START_TEST(float_matches_double_and_threads_do_not_change_bits)
 {
@@ -399,6 +424,7 @@ int main(void)
     tcase_add_test(tc, linear_backward);
     tcase_add_test(tc, grouped_linear_backward);
     tcase_add_test(tc, grouped_linear_int32_offsets_match);
+    tcase_add_test(tc, grouped_linear_dw_overwrites_or_accumulates);
     tcase_add_test(tc, float_matches_double_and_threads_do_not_change_bits);
     tcase_add_test(tc, gemm_split_matches_one_thread);
     tcase_add_test(tc, dtype_conversions);

@@ -128,10 +128,9 @@ static int grouped_bwd_loop(cuda_stream_ctx *ctx, int dtype, const void *x, cons
         if (rows == 0)
             continue;
         const char *xg = (const char *)x + r0 * in * es, *dyg = (const char *)dy + r0 * out * es;
-        const char *wg = (const char *)w + g * out * in * es;
         if (dx)
-            K3RT_TRY(dx_product(ctx, dtype, dyg, wg, (char *)dx + r0 * in * es, rows, in, out,
-                                accumulate_dx, err));
+            K3RT_TRY(dx_product(ctx, dtype, dyg, (const char *)w + g * out * in * es,
+                                (char *)dx + r0 * in * es, rows, in, out, accumulate_dx, err));
         if (dw)
             K3RT_TRY(dw_product(ctx, dtype, xg, dyg, (float *)dw + g * out * in, rows, in, out,
                                 err));
@@ -165,7 +164,7 @@ static int grouped_cutlass(cuda_stream_ctx *ctx, gg_call c, void *y, void *dx, v
         K3RT_TRY(gg_run(ctx, c, err));
     }
     if (dw && c.rows > 0) {
-        c.kind = GG_DW, c.out = dw;
+        c.kind = GG_DW, c.out = dw, c.accumulate = 1;
         K3RT_TRY(gg_run(ctx, c, err));
     }
     return K3RT_OK;
@@ -302,4 +301,32 @@ extern "C" int cuda_grouped_linear_bwd_dev(k3rt_stream *s, int dtype, const void
                                      accumulate_dx, err);
     free(off);
     return rc;
+}
+
+extern "C" int cuda_grouped_linear_dw_dev(k3rt_stream *s, int dtype, const void *x,
+                                          const void *dy, void *dw, const void *offsets,
+                                          int offsets_dtype, int64_t groups, int64_t rows,
+                                          int64_t in, int64_t out, int accumulate,
+                                          k3rt_error *err)
+{
+    const char *op = "grouped_linear_dw_dev";
+    cuda_stream_ctx *ctx;
+    K3RT_TRY(check_dev_offsets(op, offsets, offsets_dtype, groups, rows, err));
+    K3RT_TRY(grouped_enter(op, dtype, nullptr, groups, in, out, s, &ctx, err));
+#ifdef K3RT_HAVE_CUTLASS
+    // The kernel overwrites (beta 0, C never read) and zeroes the empty groups itself.
+    if (use_cutlass(ctx, dtype, groups, rows, in, out)) {
+        gg_call c = {GG_DW, x, nullptr, dy, dw, accumulate != 0, offsets,
+                     offsets_dtype == K3RT_I64, nullptr, groups, rows, in, out};
+        return gg_run(ctx, c, err);
+    }
+#endif
+    if (!accumulate && groups > 0 && in > 0 && out > 0) {
+        cudaError_t e = cudaMemsetAsync(dw, 0, (size_t)(groups * out * in) * sizeof(float),
+                                        (cudaStream_t)ctx->stream);
+        if (e != cudaSuccess)
+            return cu_fail(err, e, "zeroing the grouped weight gradient");
+    }
+    return cuda_grouped_linear_bwd_dev(s, dtype, x, nullptr, dy, nullptr, dw, offsets,
+                                       offsets_dtype, groups, rows, in, out, 0, err);
 }

@@ -83,6 +83,14 @@ K3RT_API int k3rt_grouped_linear_bwd_dev(k3rt_stream *s, int dtype, const void *
                                          const void *offsets, int offsets_dtype, int64_t groups,
                                          int64_t rows, int64_t in, int64_t out,
                                          int accumulate_dx, k3rt_error *err);
+/* The weight gradient alone, dW_g (=|+=) dy_g^T @ x_g, offsets as k3rt_grouped_linear_bwd_dev:
+ * accumulate = 0 overwrites dW (an empty group's dW_g comes out zero) without reading it, for
+ * the first backward of a step into a gradient that would otherwise be zeroed first; on the
+ * CUTLASS path that halves the fp32 gradient's memory traffic. */
+K3RT_API int k3rt_grouped_linear_dw_dev(k3rt_stream *s, int dtype, const void *x, const void *dy,
+                                        void *dw, const void *offsets, int offsets_dtype,
+                                        int64_t groups, int64_t rows, int64_t in, int64_t out,
+                                        int accumulate, k3rt_error *err);
 
 /* ---- Normalisation ------------------------------------------------------------------------- */
 

@@ -14,7 +14,7 @@
 enum gg_kind {
     GG_FWD,  // y(rows,out)  = x W_g^T       per group: M = n_g, N = out, K = in
     GG_DX,   // dx(rows,in) (=|+=) dy W_g    per group: M = n_g, N = in,  K = out
-    GG_DW    // dW_g(out,in) += dy_g^T x_g   per group: M = out, N = in,  K = n_g (fp32 out)
+    GG_DW    // dW_g(out,in) (+=|=) dy_g^T x_g per group: M = out, N = in, K = n_g (fp32)
 };
 
 struct gg_host_offsets {
@@ -25,7 +25,7 @@ struct gg_call {
     int kind;
     const void *x, *w, *dy;  // bf16 operands (those the kind reads)
     void *out;               // y / dx bf16, dW fp32
-    int accumulate;          // dx only: dx += instead of =
+    int accumulate;          // dx += / dW += instead of = (dW =: empty groups zeroed)
     // Group boundaries: on the device (offsets_dev, groups + 1 int32, or int64 when
     // offsets_i64) or, when it is null, copied from the host into the launch (host).
     const void *offsets_dev;

@@ -19,6 +19,7 @@
 // - Tile 128x256x64, cluster 2x1x1, cooperative (two consumer warp groups on one tile), the
 //   configuration torch._grouped_mm takes for groups with more than 128 rows and columns (its
 //   GroupMM.cu); it serves the K3-mini and K3 shapes, where an expert gets thousands of rows.
+//   The weight gradient can take pingpong instead (grouped_dw.cu says when).
 #ifndef K3RT_OPS_CUDA_CUTLASS_GROUPED_KERNEL_CUH
 #define K3RT_OPS_CUDA_CUTLASS_GROUPED_KERNEL_CUH
 
@@ -41,9 +42,30 @@ using bf16c = cutlass::bfloat16_t;
 using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
 using Shape3 = ProblemShape::UnderlyingProblemShape;
 
-template <class LayoutA, class LayoutB, class ElementC, class ElementD> struct config {
+// The two schedules. Cooperative: both consumer warp groups on one 128x256 tile, the
+// epilogue after the tile's last k-step (nothing overlaps it but the producer's loads).
+// Pingpong: each consumer warp group on its own 128x128 tile, turns alternating, so one
+// group's epilogue runs under the other's mainloop: the weight gradient's fp32 C is read and
+// written once per tile after a short ragged K (n_g rows), so there the epilogue is as long as
+// the math.
+struct cooperative {
     using TileShape = Shape<_128, _256, _64>;
     using ClusterShape = Shape<_2, _1, _1>;
+    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+    using Epi = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+struct pingpong {
+    using TileShape = Shape<_128, _128, _64>;
+    using ClusterShape = Shape<_2, _1, _1>;
+    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+    using Epi = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
+template <class LayoutA, class LayoutB, class ElementC, class ElementD,
+          class Sched = cooperative>
+struct config {
+    using TileShape = typename Sched::TileShape;
+    using ClusterShape = typename Sched::ClusterShape;
     using LayoutD = cutlass::layout::RowMajor;
     static constexpr int kAlignAB = 16 / sizeof(bf16c);
     static constexpr int kAlignD = 16 / sizeof(ElementD);
@@ -51,8 +73,7 @@ template <class LayoutA, class LayoutB, class ElementC, class ElementD> struct c
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
         cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, LayoutD *,
-        kAlignD, ElementD, LayoutD *, kAlignD,
-        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+        kAlignD, ElementD, LayoutD *, kAlignD, typename Sched::Epi,
         cutlass::epilogue::fusion::LinearCombination<ElementD, float>>::CollectiveOp;
 
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -60,7 +81,7 @@ template <class LayoutA, class LayoutB, class ElementC, class ElementD> struct c
         LayoutB *, kAlignAB, float, TileShape, ClusterShape,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
             sizeof(typename Epilogue::SharedStorage))>,
-        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+        typename Sched::Kernel>::CollectiveOp;
 
     using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -110,8 +131,21 @@ __device__ __forceinline__ int64_t offset_at(const void *dev, int dev_i64,
     return dev_i64 ? ((const int64_t *)dev)[i] : ((const int32_t *)dev)[i];
 }
 
-// One block of GG_MAX_GROUPS threads. Offsets are clamped to [0, rows] and made nondecreasing,
-// so a bad offset on the device can empty a group but never point outside the buffers.
+// Group g's rows [lo, hi): offsets clamped to [0, rows] and made nondecreasing, so a bad
+// offset on the device can empty a group but never point outside the buffers.
+template <bool kHost>
+__device__ __forceinline__ void group_span(const void *dev, int dev_i64,
+                                           const gg_host_offsets &host, int64_t rows, int g,
+                                           int64_t *lo, int64_t *hi)
+{
+    int64_t l = offset_at<kHost>(dev, dev_i64, host, g);
+    int64_t h = offset_at<kHost>(dev, dev_i64, host, g + 1);
+    l = l < 0 ? 0 : (l > rows ? rows : l);
+    *lo = l;
+    *hi = h < l ? l : (h > rows ? rows : h);
+}
+
+// One block of GG_MAX_GROUPS threads.
 template <class Cfg, bool kHost>
 __global__ void __launch_bounds__(GG_MAX_GROUPS)
     prepare(tables<Cfg> t, strides<Cfg> s, geometry geo, const void *off_dev, int off_i64,
@@ -121,10 +155,8 @@ __global__ void __launch_bounds__(GG_MAX_GROUPS)
     __shared__ int32_t n_sh[GG_MAX_GROUPS], r0_sh[GG_MAX_GROUPS];
     int g = threadIdx.x;
     if (g < groups) {
-        int64_t lo = offset_at<kHost>(off_dev, off_i64, off_host, g);
-        int64_t hi = offset_at<kHost>(off_dev, off_i64, off_host, g + 1);
-        lo = lo < 0 ? 0 : (lo > rows ? rows : lo);
-        hi = hi < lo ? lo : (hi > rows ? rows : hi);
+        int64_t lo, hi;
+        group_span<kHost>(off_dev, off_i64, off_host, rows, g, &lo, &hi);
         r0_sh[g] = (int32_t)lo;
         n_sh[g] = (int32_t)(hi - lo);
     }
