@@ -1,7 +1,9 @@
-/* The instance rig: creation, parameters, initialisation, statistics (rig.h). */
+/* The instance rig: creation, parameters, initialisation, statistics, and the argument checks
+ * and teardown the other rig files (buffers, calls, kinds) build on (rig.h). */
 #include "plugin/rig.h"
 
 #include <k3rt/ops.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -287,4 +289,77 @@ void rig_reset_stats(rig *r)
 {
     if (r->e->inst.reset_stats)
         r->e->inst.reset_stats(r->self);
+}
+
+/* ---- checks and teardown every other rig file builds on (so none of them calls back up) ---- */
+
+/* "[2, *, 16]": a wanted shape, wildcards (< 0) as '*'. */
+static const char *want_str(int ndim, const int64_t *shape, char *buf, size_t len)
+{
+    size_t at = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < ndim && at < len; i++)
+        at += shape[i] < 0 ? (size_t)snprintf(buf + at, len - at, i ? ", *" : "*")
+                           : (size_t)snprintf(buf + at, len - at, i ? ", %lld" : "%lld",
+                                              (long long)shape[i]);
+    if (at < len)
+        snprintf(buf + at, len - at, "]");
+    return buf;
+}
+
+int rig_expect(const rig *r, const k3rt_tensor *t, const char *what, int dtype, int ndim,
+               const int64_t *shape, k3rt_error *err)
+{
+    char have[96], want[96], dev[32], tdev[32];
+    int ok = t->ndim == ndim && t->dtype == dtype && t->device == r->device && t->data;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = shape[i] < 0 || t->shape[i] == shape[i];
+    if (ok)
+        return K3RT_OK;
+    want_str(ndim, shape, want, sizeof want);
+    k3rt_device_str(r->device, dev, sizeof dev);
+    if (t->ndim == 0 || !t->data)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: %s is missing (expected %s %s on %s)",
+                         r->where, what, k3rt_dtype_name(dtype), want, dev);
+    return k3rt_fail(err, K3RT_ERR_INVALID, "%s: %s: expected %s %s on %s, got %s %s on %s",
+                     r->where, what, k3rt_dtype_name(dtype), want, dev,
+                     k3rt_dtype_name(t->dtype), k3rt_tensor_shape_str(t, have, sizeof have),
+                     k3rt_device_str(t->device, tdev, sizeof tdev));
+}
+
+int rig_check_ref(const rig *r, const k3rt_param_ref *p, int i, k3rt_error *err)
+{
+    if (!p->decl || !p->name)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: parameter %d has no name or declaration",
+                         r->where, i);
+    if (p->decl->role <= 0 || p->decl->role >= K3RT_ROLE_COUNT_)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: parameter %s has unknown role %d",
+                         r->where, p->name, p->decl->role);
+    char what[224];
+    snprintf(what, sizeof what, "parameter %s", p->name);
+    K3RT_TRY(rig_expect(r, &p->param, what, r->dtype, p->decl->ndim, p->decl->shape, err));
+    snprintf(what, sizeof what, "gradient of %s", p->name);
+    K3RT_TRY(rig_expect(r, &p->grad, what, r->dtype, p->decl->ndim, p->decl->shape, err));
+    if (p->head_max_logit.ndim) {
+        if (p->decl->qk_clip == K3RT_QK_NONE)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "%s: max logits given for %s, which has no "
+                             "QK-clip", r->where, p->name);
+        const int64_t h[1] = {p->decl->heads};
+        snprintf(what, sizeof what, "max logits of %s", p->name);
+        K3RT_TRY(rig_expect(r, &p->head_max_logit, what, K3RT_F32, 1, h, err));
+    }
+    return K3RT_OK;
+}
+
+void rig_unbind_shape(rig *r)
+{
+    if (r->own_buffers) {
+        k3rt_free(r->device, r->saved_block);
+        k3rt_free(r->device, r->ws);
+    }
+    r->own_buffers = 0;
+    memset(r->saved, 0, sizeof r->saved);
+    r->saved_block = r->ws = NULL;
+    r->n_saved = 0;
+    r->guard = 0;
+    r->B = r->T = 0;
 }

@@ -95,20 +95,6 @@ static int64_t saved_end(const rig *r)
     return end;
 }
 
-void rig_unbind_shape(rig *r)
-{
-    if (r->own_buffers) {
-        k3rt_free(r->device, r->saved_block);
-        k3rt_free(r->device, r->ws);
-    }
-    r->own_buffers = 0;
-    memset(r->saved, 0, sizeof r->saved);
-    r->saved_block = r->ws = NULL;
-    r->n_saved = 0;
-    r->guard = 0;
-    r->B = r->T = 0;
-}
-
 int rig_bind_shape(rig *r, int64_t batch, int64_t seq, void *saved, int64_t saved_bytes,
                    void *ws, int64_t ws_bytes, k3rt_error *err)
 {

@@ -4,39 +4,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* "[2, *, 16]": a wanted shape, wildcards (< 0) as '*'. */
-static const char *want_str(int ndim, const int64_t *shape, char *buf, size_t len)
-{
-    size_t at = (size_t)snprintf(buf, len, "[");
-    for (int i = 0; i < ndim && at < len; i++)
-        at += shape[i] < 0 ? (size_t)snprintf(buf + at, len - at, i ? ", *" : "*")
-                           : (size_t)snprintf(buf + at, len - at, i ? ", %lld" : "%lld",
-                                              (long long)shape[i]);
-    if (at < len)
-        snprintf(buf + at, len - at, "]");
-    return buf;
-}
-
-int rig_expect(const rig *r, const k3rt_tensor *t, const char *what, int dtype, int ndim,
-               const int64_t *shape, k3rt_error *err)
-{
-    char have[96], want[96], dev[32], tdev[32];
-    int ok = t->ndim == ndim && t->dtype == dtype && t->device == r->device && t->data;
-    for (int i = 0; ok && i < ndim; i++)
-        ok = shape[i] < 0 || t->shape[i] == shape[i];
-    if (ok)
-        return K3RT_OK;
-    want_str(ndim, shape, want, sizeof want);
-    k3rt_device_str(r->device, dev, sizeof dev);
-    if (t->ndim == 0 || !t->data)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: %s is missing (expected %s %s on %s)",
-                         r->where, what, k3rt_dtype_name(dtype), want, dev);
-    return k3rt_fail(err, K3RT_ERR_INVALID, "%s: %s: expected %s %s on %s, got %s %s on %s",
-                     r->where, what, k3rt_dtype_name(dtype), want, dev,
-                     k3rt_dtype_name(t->dtype), k3rt_tensor_shape_str(t, have, sizeof have),
-                     k3rt_device_str(t->device, tdev, sizeof tdev));
-}
-
 /* An optional tensor: absent (ndim 0) or as expected. */
 static int expect_opt(const rig *r, const k3rt_tensor *t, const char *what, int dtype, int ndim,
                       const int64_t *shape, k3rt_error *err)

@@ -216,30 +216,6 @@ int rig_update(rig *r, k3rt_comm *dp, int64_t step, k3rt_error *err)
 
 /* ---- optimizer ------------------------------------------------------------------------------ */
 
-int rig_check_ref(const rig *r, const k3rt_param_ref *p, int i, k3rt_error *err)
-{
-    if (!p->decl || !p->name)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: parameter %d has no name or declaration",
-                         r->where, i);
-    if (p->decl->role <= 0 || p->decl->role >= K3RT_ROLE_COUNT_)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: parameter %s has unknown role %d",
-                         r->where, p->name, p->decl->role);
-    char what[224];
-    snprintf(what, sizeof what, "parameter %s", p->name);
-    K3RT_TRY(rig_expect(r, &p->param, what, r->dtype, p->decl->ndim, p->decl->shape, err));
-    snprintf(what, sizeof what, "gradient of %s", p->name);
-    K3RT_TRY(rig_expect(r, &p->grad, what, r->dtype, p->decl->ndim, p->decl->shape, err));
-    if (p->head_max_logit.ndim) {
-        if (p->decl->qk_clip == K3RT_QK_NONE)
-            return k3rt_fail(err, K3RT_ERR_INVALID, "%s: max logits given for %s, which has no "
-                             "QK-clip", r->where, p->name);
-        const int64_t h[1] = {p->decl->heads};
-        snprintf(what, sizeof what, "max logits of %s", p->name);
-        K3RT_TRY(rig_expect(r, &p->head_max_logit, what, K3RT_F32, 1, h, err));
-    }
-    return K3RT_OK;
-}
-
 int rig_step(rig *r, k3rt_comm *comm, double lr, int64_t step, const k3rt_param_ref *params,
              int n_params, k3rt_error *err)
 {

@@ -1,4 +1,6 @@
-/* float instantiation of the MLA CPU kernels (the training path). */
+/* The MLA CPU reference (cpu.inc.c), written once over a real type REAL and built here twice:
+ * float for runs (with a vectorisable exp), double for the tests' finite differences. Every
+ * name it defines carries SUF(). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -24,8 +26,20 @@ static inline float mla_expf(float x)
     return x < -87.0f ? 0.0f : p * s;
 }
 
+/* ---- float ----------------------------------------------------------------------------------- */
 #define REAL float
 #define DTYPE K3RT_F32
 #define EXP mla_expf
 #define SUF(name) name##_f32
+#include "cpu.inc.c"
+#undef REAL
+#undef DTYPE
+#undef EXP
+#undef SUF
+
+/* ---- double ---------------------------------------------------------------------------------- */
+#define REAL double
+#define DTYPE K3RT_F64
+#define EXP exp
+#define SUF(name) name##_f64
 #include "cpu.inc.c"
