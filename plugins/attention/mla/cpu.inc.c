@@ -1,4 +1,4 @@
-/* NoPE MLA on the CPU, written once over REAL and included by cpu_f32.c / cpu_f64.c with REAL,
+/* NoPE MLA on the CPU, written once over REAL and included by cpu.c (float, double) with REAL,
  * DTYPE (its k3rt dtype), EXP and SUF(name) defined. Forward and backward side by side;
  * shapes use N = B*T tokens, H heads, dn/dr the per-head nope/shared query-key widths
  * (dqk = dn + dr), dv the value width, dc the latent width, rq the query rank. Buffers are the
