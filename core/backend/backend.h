@@ -18,6 +18,8 @@ struct k3rt_stream {
 
 struct k3rt_event {
     int device;
+    int timed;       /* k3rt_event_create_timed: can be read by k3rt_event_elapsed_ms */
+    double host_s;   /* CPU: the host clock at the last record */
     void *native;    /* cudaEvent_t */
 };
 
@@ -28,10 +30,13 @@ int cuda_device_name(int device, char *buf, size_t len, k3rt_error *err);
 int cuda_stream_create(int device, void **native, k3rt_error *err);
 void cuda_stream_destroy(void *native);
 int cuda_stream_sync(void *native, k3rt_error *err);
-int cuda_event_create(int device, void **native, k3rt_error *err);
+/* timed = 0: cudaEventDisableTiming (cheaper to record and wait on). */
+int cuda_event_create(int device, int timed, void **native, k3rt_error *err);
 void cuda_event_destroy(void *native);
 int cuda_event_record(void *event, void *stream, k3rt_error *err);
 int cuda_stream_wait(void *stream, void *event, k3rt_error *err);
+/* Milliseconds between two completed timed events (cudaEventElapsedTime). */
+int cuda_event_elapsed_ms(void *start, void *end, float *ms, k3rt_error *err);
 /* Device memory through the caching allocator (core/backend/cuda/alloc.cu). */
 void *cuda_alloc(int device, size_t bytes, k3rt_error *err);
 void cuda_free(int device, void *ptr);

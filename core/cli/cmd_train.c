@@ -43,7 +43,17 @@ static void usage(FILE *to)
             CLI_PLUGIN_USAGE
             "  --quiet              no progress lines\n"
             "  --no-sample          skip the text sample at the end\n"
-            "  --stop-after STEP    checkpoint and stop after STEP (resume later with --resume)\n");
+            "  --stop-after STEP    checkpoint and stop after STEP (resume later with --resume)\n"
+            "  --profile N          time N steps, after 2 warm-up steps, per module instance\n"
+            "                       and direction (forward, backward) and per engine part\n"
+            "                       (data, embedding, norms, head+loss, statistics,\n"
+            "                       communication, gradient norm, optimizer), plus the gap to\n"
+            "                       the step's wall time; prints the table once and writes it\n"
+            "                       into metrics.jsonl as {\"step\", \"profile\"}; the run then\n"
+            "                       continues as without it (same numbers). CUDA events on a\n"
+            "                       GPU (read after each profiled step), the host clock on the\n"
+            "                       CPU; shared ops are inside their callers' parts; rank 0's\n"
+            "                       view; a run shorter than N + 2 steps warms up less\n");
 }
 
 int cmd_train(int argc, char **argv)
@@ -82,6 +92,15 @@ int cmd_train(int argc, char **argv)
             log_set_level(LOG_QUIET);
         } else if (!strcmp(a, "--stop-after") && i + 1 < argc) {
             o.stop_after = atoll(argv[++i]);
+        } else if (!strcmp(a, "--profile") && i + 1 < argc) {
+            char *end;
+            o.profile = strtoll(argv[++i], &end, 10);
+            if (*end || o.profile < 1) {
+                fprintf(stderr, "k3rt train: --profile takes a number of steps >= 1, not '%s'\n",
+                        argv[i]);
+                free(sets);
+                return 2;
+            }
         } else if (!strcmp(a, "--no-sample")) {
             o.no_sample = 1;
         } else if (a[0] == '-' || o.recipe_path) {

@@ -97,6 +97,8 @@ typedef struct model {
      * waits for them. routed_at[layer] is a layer's offset in a slot. */
     int64_t *routed_stage, *routed_at, routed_width;
     int routed_used;
+    struct profile *prof;    /* set by the trainer during a profiled step, else NULL
+                                (model/profile.h) */
 } model;
 
 #define MODEL_ROUTED_SLOTS 64

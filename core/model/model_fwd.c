@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "model/model_internal.h"
+#include "model/profile.h"
 
 static k3rt_residual_args residual_args(model *m, int s, void *t)
 {
@@ -15,10 +16,21 @@ static k3rt_residual_args residual_args(model *m, int s, void *t)
     return a;
 }
 
+/* A residual call, timed as the residual's forward or backward. */
+static int residual_timed(model *m, rig_residual_call call, int backward,
+                          k3rt_residual_args *a, k3rt_error *err)
+{
+    PROF_TRY(m->prof, profile_module_row(m->residual, backward),
+             rig_residual(&m->mods[m->residual].r, call, a, err));
+    return K3RT_OK;
+}
+
 static int residual_call(model *m, rig_residual_call call, int s, void *t, k3rt_error *err)
 {
     k3rt_residual_args a = residual_args(m, s, t);
-    return rig_residual(&m->mods[m->residual].r, call, &a, err);
+    int backward = call == RIG_BEGIN_BACKWARD || call == RIG_PUSH_BACKWARD ||
+                   call == RIG_FINISH_BACKWARD || call == RIG_MIX_BACKWARD;
+    return residual_timed(m, call, backward, &a, err);
 }
 
 static k3rt_tensor rstd_tensor(const model *m, void *rstd)
@@ -34,15 +46,17 @@ static int mix_and_norm(model *m, int s, void *hs, void *rstd, k3rt_error *err)
     const param_slot *g = &m->params[model_sub_norm(m, s)];
     if (!rig_has_residual(r, RIG_MIX_NORM)) {
         K3RT_TRY(residual_call(m, RIG_MIX, s, hs, err));
-        return k3rt_rmsnorm_fwd(m->opt.stream, m->opt.dtype, hs, g->param.data, m->a->xn, rstd,
-                                m->B * m->T, m->d, m->norm_eps, err);
+        PROF_TRY(m->prof, PROF_NORM_FWD,
+                 k3rt_rmsnorm_fwd(m->opt.stream, m->opt.dtype, hs, g->param.data, m->a->xn,
+                                  rstd, m->B * m->T, m->d, m->norm_eps, err));
+        return K3RT_OK;
     }
     k3rt_residual_args a = residual_args(m, s, hs);
     a.norm_gain = g->param;
     a.normed = model_act_tensor(m, m->a->xn);
     a.rstd = rstd_tensor(m, rstd);
     a.norm_eps = m->norm_eps;
-    return rig_residual(r, RIG_MIX_NORM, &a, err);
+    return residual_timed(m, RIG_MIX_NORM, 0, &a, err);
 }
 
 /* From dxn (the gradient of the pre-norm's output) to the residual's gradients: the fused
@@ -61,12 +75,13 @@ static int norm_and_mix_backward(model *m, int s, void *hs, void *rstd, k3rt_err
         a.norm_gain_grad = g->grad;
         a.rstd = rstd_tensor(m, rstd);
         a.norm_eps = m->norm_eps;
-        return rig_residual(r, RIG_MIX_NORM_BACKWARD, &a, err);
+        return residual_timed(m, RIG_MIX_NORM_BACKWARD, 1, &a, err);
     }
-    K3RT_TRY(k3rt_rmsnorm_bwd(m->opt.stream, m->opt.dtype, hs, g->param.data, rstd, m->a->dxn,
+    PROF_TRY(m->prof, PROF_NORM_BWD,
+             k3rt_rmsnorm_bwd(m->opt.stream, m->opt.dtype, hs, g->param.data, rstd, m->a->dxn,
                               m->a->dh, g->grad.data, m->B * m->T, m->d, 0, err));
     a.t = model_act_tensor(m, m->a->dh);
-    return rig_residual(r, RIG_MIX_BACKWARD, &a, err);
+    return residual_timed(m, RIG_MIX_BACKWARD, 1, &a, err);
 }
 
 /* n values of dtype, wherever they live, as host doubles (waits for the stream). */
@@ -120,25 +135,31 @@ static int add_counts(model *m, int layer, const k3rt_tensor *counts, k3rt_error
  * balancer, and may add its auxiliary loss. */
 static int sublayer_forward(model *m, int s, int training, double aux_scale, k3rt_error *err)
 {
-    model_module *mm = &m->mods[model_sub_module(m, s)];
+    int mi = model_sub_module(m, s);
+    model_module *mm = &m->mods[mi];
     const model_layer *L = &m->layers[s / 2];
     k3rt_fwd_args a;
     memset(&a, 0, sizeof a);
     a.training = training;
     a.x = model_act_tensor(m, m->a->xn);
     a.y = model_act_tensor(m, m->a->ys);
-    if (s % 2 == 0)
-        return rig_forward(&mm->r, &a, err);
+    int fwd = profile_module_row(mi, 0);
+    if (s % 2 == 0) {
+        PROF_TRY(m->prof, fwd, rig_forward(&mm->r, &a, err));
+        return K3RT_OK;
+    }
 
     k3rt_routing *routing = &m->a->routing[s / 2];
     rig *bal = model_balancer(m, s / 2);
+    int bal_row = bal ? profile_module_row(L->balancer, 0) : 0;
     if (bal) {
-        K3RT_TRY(rig_bias(bal, &a.bias, err));
+        PROF_TRY(m->prof, bal_row, rig_bias(bal, &a.bias, err));
         a.routing = routing;
     }
-    K3RT_TRY(rig_forward(&mm->r, &a, err));
+    PROF_TRY(m->prof, fwd, rig_forward(&mm->r, &a, err));
     if (!bal || !training)
         return K3RT_OK;
+    K3RT_TRY(prof_begin(m->prof, bal_row, err));
     K3RT_TRY(add_counts(m, s / 2, &routing->counts, err));
     K3RT_TRY(rig_observe(bal, routing, err));
     if (rig_has_aux_loss(bal)) {
@@ -149,12 +170,13 @@ static int sublayer_forward(model *m, int s, int training, double aux_scale, k3r
         K3RT_TRY(rig_aux_loss(bal, routing, aux_scale, &loss, ds, err));
         m->aux_loss += loss;
     }
-    return K3RT_OK;
+    return prof_end(m->prof, err);
 }
 
 static int sublayer_backward(model *m, int s, k3rt_error *err)
 {
-    model_module *mm = &m->mods[model_sub_module(m, s)];
+    int mi = model_sub_module(m, s);
+    model_module *mm = &m->mods[mi];
     const model_layer *L = &m->layers[s / 2];
     k3rt_bwd_args a;
     memset(&a, 0, sizeof a);
@@ -165,7 +187,8 @@ static int sublayer_backward(model *m, int s, k3rt_error *err)
     if (bal && rig_has_aux_loss(bal))
         a.d_scores = k3rt_tensor_view(m->a->d_scores[s / 2], K3RT_F32, m->opt.device, 2,
                                       m->B * m->T, L->experts, 0, 0);
-    return rig_backward(&mm->r, &a, err);
+    PROF_TRY(m->prof, profile_module_row(mi, 1), rig_backward(&mm->r, &a, err));
+    return K3RT_OK;
 }
 
 /* embed -> residual stack -> final norm (hn). */
@@ -176,10 +199,12 @@ static int forward_body(model *m, const int32_t *tokens, int training, double au
     k3rt_stream *st = m->opt.stream;
     int dt = m->opt.dtype;
     int64_t N = m->B * m->T;
+    K3RT_TRY(prof_begin(m->prof, PROF_EMBED_FWD, err));
     K3RT_TRY(k3rt_memcpy(st, a->tokens, m->opt.device, tokens, K3RT_DEVICE_CPU,
                          (size_t)N * sizeof(int32_t), err));
     K3RT_TRY(k3rt_embedding_fwd(st, dt, m->params[m->embed].param.data, a->tokens, a->h0, N,
                                 m->vocab, m->d, err));
+    K3RT_TRY(prof_end(m->prof, err));
     K3RT_TRY(residual_call(m, RIG_BEGIN, 0, a->h0, err));
     m->aux_loss = 0;
     if (training && m->routed_stage) {  /* this forward's slot of routed counts */
@@ -195,8 +220,10 @@ static int forward_body(model *m, const int32_t *tokens, int training, double au
         K3RT_TRY(residual_call(m, RIG_PUSH, s, a->ys, err));
     }
     K3RT_TRY(residual_call(m, RIG_FINISH, 2 * m->n_layers, a->hf, err));
-    return k3rt_rmsnorm_fwd(st, dt, a->hf, m->params[m->final_norm].param.data, a->hn,
-                            a->rstd_f, N, m->d, m->norm_eps, err);
+    PROF_TRY(m->prof, PROF_NORM_FWD,
+             k3rt_rmsnorm_fwd(st, dt, a->hf, m->params[m->final_norm].param.data, a->hn,
+                              a->rstd_f, N, m->d, m->norm_eps, err));
+    return K3RT_OK;
 }
 
 /* LM head and cross-entropy in row chunks. With grad_scale != 0 the head's backward runs
@@ -209,6 +236,7 @@ static int head_and_loss(model *m, const int32_t *targets, double grad_scale, do
     int dt = m->opt.dtype;
     int64_t N = m->B * m->T, V = m->vocab;
     const param_slot *head = &m->params[m->head];
+    K3RT_TRY(prof_begin(m->prof, PROF_HEAD_FWD, err));
     K3RT_TRY(k3rt_memcpy(st, a->targets, m->opt.device, targets, K3RT_DEVICE_CPU,
                          (size_t)N * sizeof(int32_t), err));
     double total = 0;
@@ -225,13 +253,16 @@ static int head_and_loss(model *m, const int32_t *targets, double grad_scale, do
                                err));
         if (grad_scale == 0.0)
             continue;
+        K3RT_TRY(prof_begin(m->prof, PROF_HEAD_BWD, err));  /* pauses the forward's part */
         K3RT_TRY(k3rt_xent_bwd(st, dt, a->logits, a->targets + r0, a->lse, grad_scale,
                                a->logits, rows, V, err));
         K3RT_TRY(k3rt_linear_bwd(st, dt, hn, head->param.data, a->logits,
                                  model_row(m, a->dhn, r0), head->grad.data, NULL, rows, m->d, V,
                                  0, err));
+        K3RT_TRY(prof_end(m->prof, err));
     }
     K3RT_TRY(sum_rows(m, a->row_loss, N, &total, err));
+    K3RT_TRY(prof_end(m->prof, err));
     *loss_sum = total;
     if (count)
         *count = valid;
@@ -245,7 +276,8 @@ static int backward_body(model *m, k3rt_error *err)
     int dt = m->opt.dtype;
     int64_t N = m->B * m->T;
     const param_slot *fn = &m->params[m->final_norm];
-    K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, a->hf, fn->param.data, a->rstd_f, a->dhn, a->dh,
+    PROF_TRY(m->prof, PROF_NORM_BWD,
+             k3rt_rmsnorm_bwd(st, dt, a->hf, fn->param.data, a->rstd_f, a->dhn, a->dh,
                               fn->grad.data, N, m->d, 0, err));
     K3RT_TRY(residual_call(m, RIG_FINISH_BACKWARD, 2 * m->n_layers, a->dh, err));
     for (int s = 2 * m->n_layers - 1; s >= 0; s--) {
@@ -254,14 +286,17 @@ static int backward_body(model *m, k3rt_error *err)
         const param_slot *g = &m->params[model_sub_norm(m, s)];
         K3RT_TRY(residual_call(m, RIG_PUSH_BACKWARD, s, a->dys, err));
         /* The normed input is cheaper to recompute than to keep for every sublayer. */
-        K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, hs, g->param.data, a->xn, NULL, N, m->d, m->norm_eps,
-                                  err));
+        PROF_TRY(m->prof, PROF_NORM_BWD,
+                 k3rt_rmsnorm_fwd(st, dt, hs, g->param.data, a->xn, NULL, N, m->d,
+                                  m->norm_eps, err));
         K3RT_TRY(sublayer_backward(m, s, err));
         K3RT_TRY(norm_and_mix_backward(m, s, hs, rstd, err));
     }
     K3RT_TRY(residual_call(m, RIG_BEGIN_BACKWARD, 0, a->dh, err));
-    return k3rt_embedding_bwd(st, dt, a->tokens, a->dh, m->params[m->embed].grad.data, N,
-                              m->vocab, m->d, err);
+    PROF_TRY(m->prof, PROF_EMBED_BWD,
+             k3rt_embedding_bwd(st, dt, a->tokens, a->dh, m->params[m->embed].grad.data, N,
+                                m->vocab, m->d, err));
+    return K3RT_OK;
 }
 
 int model_train_step(model *m, const int32_t *tokens, const int32_t *targets, double grad_scale,

@@ -46,14 +46,15 @@ int k3rt_stream_sync(k3rt_stream *s, k3rt_error *err)
     return cuda_stream_sync(s->native, err);
 }
 
-int k3rt_event_create(int device, k3rt_event **out, k3rt_error *err)
+static int event_create(int device, int timed, k3rt_event **out, k3rt_error *err)
 {
     k3rt_event *e = calloc(1, sizeof *e);
     if (!e)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "cannot allocate an event");
     e->device = device;
+    e->timed = timed;
     if (!is_cpu(device)) {
-        int rc = cuda_event_create(device, &e->native, err);
+        int rc = cuda_event_create(device, timed, &e->native, err);
         if (rc) {
             free(e);
             return rc;
@@ -61,6 +62,16 @@ int k3rt_event_create(int device, k3rt_event **out, k3rt_error *err)
     }
     *out = e;
     return K3RT_OK;
+}
+
+int k3rt_event_create(int device, k3rt_event **out, k3rt_error *err)
+{
+    return event_create(device, 0, out, err);
+}
+
+int k3rt_event_create_timed(int device, k3rt_event **out, k3rt_error *err)
+{
+    return event_create(device, 1, out, err);
 }
 
 void k3rt_event_destroy(k3rt_event *e)
@@ -72,11 +83,15 @@ void k3rt_event_destroy(k3rt_event *e)
     free(e);
 }
 
-/* CPU work runs inline, so a CPU event is complete when recorded. */
+/* CPU work runs inline, so a CPU event is complete when recorded (and a timed one reads the
+ * clock then). */
 int k3rt_event_record(k3rt_event *e, k3rt_stream *s, k3rt_error *err)
 {
-    if (is_cpu(e->device))
+    if (is_cpu(e->device)) {
+        if (e->timed)
+            e->host_s = k3rt_time_now();
         return K3RT_OK;
+    }
     return cuda_event_record(e->native, s->native, err);
 }
 
@@ -85,6 +100,25 @@ int k3rt_stream_wait(k3rt_stream *s, k3rt_event *e, k3rt_error *err)
     if (is_cpu(e->device) || is_cpu(s->device))
         return K3RT_OK;
     return cuda_stream_wait(s->native, e->native, err);
+}
+
+int k3rt_event_elapsed_ms(const k3rt_event *start, const k3rt_event *end, double *ms,
+                          k3rt_error *err)
+{
+    if (!start->timed || !end->timed)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "event elapsed time: both events must come "
+                         "from k3rt_event_create_timed");
+    if (start->device != end->device)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "event elapsed time: the events are on "
+                         "devices %d and %d", start->device, end->device);
+    if (is_cpu(start->device)) {
+        *ms = 1e3 * (end->host_s - start->host_s);
+        return K3RT_OK;
+    }
+    float f;
+    K3RT_TRY(cuda_event_elapsed_ms(start->native, end->native, &f, err));
+    *ms = f;
+    return K3RT_OK;
 }
 
 void *k3rt_alloc(int device, size_t bytes, k3rt_error *err)

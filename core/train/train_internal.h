@@ -58,6 +58,8 @@ typedef struct rank_ctx {
     double interval_t0;
     double step_flops;            /* model FLOPs (forward + backward) of one optimizer step */
     double six_n_flops;           /* 6 * active parameters * tokens of one optimizer step */
+    struct profile *prof;         /* --profile (rank 0), else NULL */
+    int64_t prof_first, prof_last;/* the steps it reports (after its warm-up steps) */
     int rc;
     k3rt_error err;
 } rank_ctx;
@@ -93,6 +95,13 @@ int eval_windows(model *m, const token_stream *s, int64_t B, int64_t T, int rank
                  int64_t max_windows, double acc[2], k3rt_error *err);
 int eval_split(rank_ctx *c, const token_stream *s, int64_t max_windows, double *mean,
                k3rt_error *err);
+
+/* train_profile.c: --profile's steps, bracketing train_step (m.prof is set between the two
+ * calls of a profiled or warm-up step), its table and metrics record after the last one. */
+int train_profile_setup(rank_ctx *c, k3rt_error *err);
+int train_profile_begin(rank_ctx *c, int64_t step, k3rt_error *err);
+int train_profile_end(rank_ctx *c, int64_t step, k3rt_error *err);
+void train_profile_free(rank_ctx *c);
 
 /* train_report.c */
 /* What the run will do: model size, FLOPs, memory, plugins (llm.c prints this too). */

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "model/profile.h"
 #include "ops/dispatch.h"
 #include "plugin/sinks.h"
 #include "train/train_internal.h"
@@ -16,7 +17,9 @@ static int all_reduce(rank_ctx *c, void *buf, int64_t n, int dtype, int op, k3rt
 {
     if (dp_size(c) == 1)
         return K3RT_OK;
-    return k3rt_all_reduce(c->dp, c->stream, buf, buf, n, dtype, op, err);
+    PROF_TRY(c->m.prof, PROF_COMM, k3rt_all_reduce(c->dp, c->stream, buf, buf, n, dtype, op,
+                                                   err));
+    return K3RT_OK;
 }
 
 static void reset_stats(model *m)
@@ -65,7 +68,8 @@ static int update_balancers(rank_ctx *c, int64_t step, k3rt_error *err)
     for (int i = 0; i < m->n_layers; i++) {
         rig *bal = model_balancer(m, i);
         if (bal)
-            K3RT_TRY(rig_update(bal, c->dp, step, err));
+            PROF_TRY(m->prof, profile_module_row(m->layers[i].balancer, 0),
+                     rig_update(bal, c->dp, step, err));
     }
     return K3RT_OK;
 }
@@ -81,12 +85,15 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
     run *r = c->r;
     model *m = &c->m;
     int64_t N = r->B * r->T;
+    K3RT_TRY(prof_begin(m->prof, PROF_STATS, err));
     model_zero_grads(m);
     reset_stats(m);
+    K3RT_TRY(prof_end(m->prof, err));
     double sums[2] = {0, 0};  /* token loss, auxiliary loss */
     for (int64_t micro = 0; micro < r->accum; micro++) {
         int64_t index = ((step - 1) * r->accum + micro) * r->dp + c->rank;
-        K3RT_TRY(data_batch(&r->train, r->seed, index, r->B, r->T, in, tg, err));
+        PROF_TRY(m->prof, PROF_DATA, data_batch(&r->train, r->seed, index, r->B, r->T, in, tg,
+                                                 err));
         double ls;
         K3RT_TRY(model_train_step(m, in, tg, 1.0 / (double)(N * r->accum),
                                   1.0 / (double)r->accum, &ls, err));
@@ -95,12 +102,14 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
     }
     K3RT_TRY(all_reduce(c, m->grad_buf, m->total_numel, m->master_dtype, K3RT_REDUCE_AVG, err));
     K3RT_TRY(all_reduce(c, sums, 2, K3RT_F64, K3RT_REDUCE_AVG, err));
-    K3RT_TRY(gather_stats(c, err));
+    PROF_TRY(m->prof, PROF_STATS, gather_stats(c, err));
     double ss;
+    K3RT_TRY(prof_begin(m->prof, PROF_GRAD_NORM, err));
     K3RT_TRY(k3rt_sum_squares(c->stream, m->master_dtype, m->grad_buf, m->total_numel, &ss, err));
     /* CUDA kernels record an out-of-range token instead of trapping; the gradient norm has
      * just synchronised the stream, so reading the flag here costs nothing. */
     K3RT_TRY(k3rt_stream_index_error(c->stream, err));
+    K3RT_TRY(prof_end(m->prof, err));
     o->loss = sums[0];
     o->aux = sums[1];
     o->gnorm = sqrt(ss);
@@ -121,10 +130,13 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
     c->bad_in_row = 0;
     K3RT_TRY(update_balancers(c, step, err));
     if (r->grad_clip > 0 && o->gnorm > r->grad_clip)
-        K3RT_TRY(k3rt_axpby(c->stream, m->master_dtype, m->total_numel, r->grad_clip / o->gnorm,
+        PROF_TRY(m->prof, PROF_GRAD_NORM,
+                 k3rt_axpby(c->stream, m->master_dtype, m->total_numel, r->grad_clip / o->gnorm,
                             m->grad_buf, 0.0, m->grad_buf, err));
+    K3RT_TRY(prof_begin(m->prof, PROF_OPTIMIZER, err));
     K3RT_TRY(rig_step(&c->opt, c->dp, o->lr, step, c->refs, m->n_params, err));
-    return model_sync_compute(m, err);
+    K3RT_TRY(model_sync_compute(m, err));
+    return prof_end(m->prof, err);
 }
 
 /* Broadcasts rank 0's change (or none) and applies it on every rank; `step` is the first step
@@ -359,12 +371,18 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
     int rc = count_step_flops(c, err);
     if (!rc && c->rank == 0 && !r->opt.quiet)
         rc = train_print_header(c, err);
+    if (!rc)
+        rc = train_profile_setup(c, err);
     c->interval_t0 = time_now();
     for (int64_t step = r->start_step + 1; step <= r->steps && !rc; step++) {
         step_out o;
         rc = scheduled_changes(c, step, err);
         if (!rc)
+            rc = train_profile_begin(c, step, err);
+        if (!rc)
             rc = train_step(c, step, in, tg, &o, err);
+        if (!rc)
+            rc = train_profile_end(c, step, err);
         if (rc)
             break;
         json_t *rec = step_record(c, step, &o);
@@ -392,6 +410,7 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
         if (step == r->opt.stop_after)
             break;
     }
+    train_profile_free(c);
     free(in);
     free(tg);
     return rc;

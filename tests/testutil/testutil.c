@@ -175,6 +175,90 @@ int tu_metrics_losses(const char *out, double *loss, int max)
     return n;
 }
 
+json_t *tu_metrics_profile(const char *out, int first_step, int last_step, int steps)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "no %s", path);
+    static char line[1 << 18];
+    json_t *prof = NULL;
+    int records = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        ck_assert_msg(j != NULL, "bad metrics line: %.200s", line);
+        if (json_object_get(j, "profile")) {
+            records++;
+            ck_assert_int_eq(json_integer_value(json_object_get(j, "step")), last_step);
+            json_decref(prof);
+            prof = json_incref(json_object_get(j, "profile"));
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    ck_assert_int_eq(records, 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(prof, "first_step")), first_step);
+    ck_assert_int_eq(json_integer_value(json_object_get(prof, "last_step")), last_step);
+    ck_assert_int_eq(json_integer_value(json_object_get(prof, "steps")), steps);
+    double step = json_real_value(json_object_get(prof, "step_ms")), sum = 0;
+    size_t i;
+    const json_t *row;
+    json_array_foreach(json_object_get(prof, "parts"), i, row) {
+        double ms = json_real_value(json_object_get(row, "ms"));
+        ck_assert_msg(ms >= 0, "%s: %g ms", json_string_value(json_object_get(row, "part")), ms);
+        sum += ms;
+    }
+    ck_assert_msg(step > 0, "step time %g ms", step);
+    ck_assert_msg(sum <= step, "the parts (%g ms) exceed the step (%g ms)", sum, step);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(prof, "gap_ms")), step - sum,
+                            1e-9 * step);
+    return prof;
+}
+
+const json_t *tu_profile_part(const json_t *prof, const char *prefix, const char *direction)
+{
+    size_t i;
+    const json_t *p;
+    json_array_foreach(json_object_get(prof, "parts"), i, p) {
+        const char *name = json_string_value(json_object_get(p, "part"));
+        if (name && !strncmp(name, prefix, strlen(prefix)) &&
+            !strcmp(json_string_value(json_object_get(p, "direction")), direction))
+            return p;
+    }
+    return NULL;
+}
+
+void tu_profile_check_modules(const json_t *prof, int layers)
+{
+    const char *dirs[] = {"forward", "backward"}, *slots[] = {"mixer", "ffn"};
+    for (int l = 0; l < layers; l++)
+        for (int k = 0; k < 4; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "layers.%d.%s (", l, slots[k / 2]);
+            const json_t *p = tu_profile_part(prof, name, dirs[k % 2]);
+            ck_assert_msg(p, "no part %s %s", name, dirs[k % 2]);
+            ck_assert_double_eq(json_real_value(json_object_get(p, "calls")), 1);
+            ck_assert_msg(json_real_value(json_object_get(p, "ms")) > 0, "%s %s: %g ms", name,
+                          dirs[k % 2], json_real_value(json_object_get(p, "ms")));
+        }
+    ck_assert_ptr_nonnull(tu_profile_part(prof, "residual (", "forward"));
+    ck_assert_ptr_nonnull(tu_profile_part(prof, "residual (", "backward"));
+    ck_assert_ptr_nonnull(tu_profile_part(prof, "optimizer (", "step"));
+}
+
+void tu_assert_same_losses(const char *out_a, const char *out_b, int steps)
+{
+    double *a = calloc((size_t)steps + 2, sizeof *a), *b = calloc((size_t)steps + 2, sizeof *b);
+    ck_assert(a && b);
+    ck_assert_int_eq(tu_metrics_losses(out_a, a, steps + 2), steps);
+    ck_assert_int_eq(tu_metrics_losses(out_b, b, steps + 2), steps);
+    for (int s = 1; s <= steps; s++)
+        ck_assert_msg(memcmp(&a[s], &b[s], sizeof a[s]) == 0,
+                      "step %d: %.17g in %s, %.17g in %s", s, a[s], out_a, b[s], out_b);
+    free(a);
+    free(b);
+}
+
 double tu_safetensors_max_rel_diff(const char *file_a, const char *file_b)
 {
     st_file *fa, *fb;

@@ -38,6 +38,18 @@ k3rt_stream *tu_cpu_stream(int threads);
 /* Losses by step from <out>/metrics.jsonl into loss[step] (steps below max); returns the
  * largest step read. */
 int tu_metrics_losses(const char *out, double *loss, int max);
+/* The one `k3rt train --profile` record of <out>/metrics.jsonl (the caller decrefs it), checked:
+ * at step last_step, over `steps` steps from first_step, every part's time non-negative, their
+ * sum within the step's wall time and the gap what is left of it. */
+struct json_t *tu_metrics_profile(const char *out, int first_step, int last_step, int steps);
+/* The part whose name starts with `prefix`, of `direction`, in a profile record (or NULL). */
+const struct json_t *tu_profile_part(const struct json_t *prof, const char *prefix,
+                                     const char *direction);
+/* Checks that each of `layers` layers' mixer and FFN has a forward and a backward part, called
+ * once per step, with a positive time, and that the residual and the optimizer have theirs. */
+void tu_profile_check_modules(const struct json_t *prof, int layers);
+/* Fails unless the two runs' metrics hold the same losses, bit for bit, for steps 1..steps. */
+void tu_assert_same_losses(const char *out_a, const char *out_b, int steps);
 /* Largest relative rms difference between same-named f32 tensors of two safetensors files. */
 double tu_safetensors_max_rel_diff(const char *file_a, const char *file_b);
 /* The plugin libk3rt_<name>.so of this build, loaded once per process: from the first folder

@@ -61,11 +61,12 @@ extern "C" int cuda_stream_sync(void *native, k3rt_error *err)
     return K3RT_OK;
 }
 
-extern "C" int cuda_event_create(int device, void **native, k3rt_error *err)
+extern "C" int cuda_event_create(int device, int timed, void **native, k3rt_error *err)
 {
     CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
     cudaEvent_t e;
-    CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    CUDA_TRY(cudaEventCreateWithFlags(&e, timed ? cudaEventDefault : cudaEventDisableTiming),
+             "cudaEventCreate");
     *native = (void *)e;
     return K3RT_OK;
 }
@@ -82,6 +83,13 @@ extern "C" int cuda_stream_wait(void *stream, void *event, k3rt_error *err)
 {
     CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0),
              "cudaStreamWaitEvent");
+    return K3RT_OK;
+}
+
+extern "C" int cuda_event_elapsed_ms(void *start, void *end, float *ms, k3rt_error *err)
+{
+    CUDA_TRY(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end),
+             "cudaEventElapsedTime");
     return K3RT_OK;
 }
 

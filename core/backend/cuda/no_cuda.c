@@ -28,9 +28,10 @@ int cuda_stream_sync(void *native, k3rt_error *err)
     (void)native;
     return no_cuda(err);
 }
-int cuda_event_create(int device, void **native, k3rt_error *err)
+int cuda_event_create(int device, int timed, void **native, k3rt_error *err)
 {
     (void)device;
+    (void)timed;
     *native = 0;
     return no_cuda(err);
 }
@@ -45,6 +46,13 @@ int cuda_stream_wait(void *stream, void *event, k3rt_error *err)
 {
     (void)stream;
     (void)event;
+    return no_cuda(err);
+}
+int cuda_event_elapsed_ms(void *start, void *end, float *ms, k3rt_error *err)
+{
+    (void)start;
+    (void)end;
+    *ms = 0;
     return no_cuda(err);
 }
 void *cuda_alloc(int device, size_t bytes, k3rt_error *err)

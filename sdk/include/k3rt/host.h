@@ -42,6 +42,13 @@ K3RT_API int k3rt_event_create(int device, k3rt_event **out, k3rt_error *err);
 K3RT_API void k3rt_event_destroy(k3rt_event *e);
 K3RT_API int k3rt_event_record(k3rt_event *e, k3rt_stream *s, k3rt_error *err);
 K3RT_API int k3rt_stream_wait(k3rt_stream *s, k3rt_event *e, k3rt_error *err);
+/* An event that can time (k3rt train --profile): k3rt_event_elapsed_ms gives the milliseconds
+ * from start to end, two events recorded on one stream, once both are complete (after a
+ * k3rt_stream_sync). On the CPU, whose streams run inline, a record reads the host clock.
+ * Timing costs a little on a GPU, so k3rt_event_create's events do not time. */
+K3RT_API int k3rt_event_create_timed(int device, k3rt_event **out, k3rt_error *err);
+K3RT_API int k3rt_event_elapsed_ms(const k3rt_event *start, const k3rt_event *end, double *ms,
+                                   k3rt_error *err);
 
 /* An index a CUDA kernel found out of range since the last call (a token outside the
  * vocabulary): kernels record it instead of trapping, and the host asks after a
