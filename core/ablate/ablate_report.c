@@ -83,7 +83,9 @@ static int read_metrics(variant_run *r, k3rt_error *err)
     char line[1 << 16];
     while (!rc && fgets(line, sizeof line, f)) {
         json_t *rec = json_loads(line, 0, NULL);
-        if (json_is_object(rec) && !json_object_get(rec, "profile"))  /* --profile's table */
+        /* the training-step records (they count tokens); others, such as --profile's
+         * table, describe the run rather than a step */
+        if (json_is_object(rec) && json_is_number(json_object_get(rec, "tokens")))
             read_record(r, &rd, rec, &cap);
         json_decref(rec);
         if (r->n_curve < 0)
