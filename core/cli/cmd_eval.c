@@ -17,17 +17,24 @@ static int tok_is_shards(const json_t *data)
 int cmd_eval(int argc, char **argv)
 {
     const char *path = NULL;
+    const char *grads = NULL;
     long long windows = 0;
     plugin_sources plugins = {0};
     for (int i = 1, pa; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) {
-            printf("usage: k3rt eval CHECKPOINT [--windows N] [--plugin-path DIRS] "
+            printf("usage: k3rt eval CHECKPOINT [--windows N] [--grads FILE] [--plugin-path DIRS] "
                    "[--plugin PATH]...\n"
                    "CHECKPOINT is a checkpoint directory or a run's checkpoints directory "
-                   "(the newest complete one is used).\n" CLI_PLUGIN_USAGE);
+                   "(the newest complete one is used).\n"
+                   "--grads FILE: instead, one training forward and backward on the micro-batch "
+                   "the next step would take first; writes the batch, the loss, every "
+                   "parameter's gradient and the expert choices to FILE (safetensors).\n"
+                   CLI_PLUGIN_USAGE);
             return 0;
         } else if (!strcmp(argv[i], "--windows") && i + 1 < argc) {
             windows = atoll(argv[++i]);
+        } else if (!strcmp(argv[i], "--grads") && i + 1 < argc) {
+            grads = argv[++i];
         } else if ((pa = cli_plugin_arg(argc, argv, &i, &plugins)) != 0) {
             if (pa < 0)
                 return 2;
@@ -48,7 +55,16 @@ int cmd_eval(int argc, char **argv)
     int rc = ckpt_model_open(&c, path, &plugins, 0, &err);
     const json_t *data = rc ? NULL : json_object_get(c.doc, "data");
     const json_t *plan = rc ? NULL : json_object_get(c.doc, "plan");
-    if (!rc) {
+    if (!rc && grads) {
+        if (tok_is_shards(data))
+            rc = data_load_shard(json_string_value(json_object_get(data, "train")), &train, &err);
+        else
+            rc = data_load_bytes(json_string_value(json_object_get(data, "path")),
+                                 json_number_value(json_object_get(data, "val_fraction")),
+                                 &train, &val, &err);
+        if (!rc)
+            rc = grad_dump(&c, &train, grads, &err);
+    } else if (!rc) {
         if (tok_is_shards(data))
             rc = data_load_shard(json_string_value(json_object_get(data, "val")), &val, &err);
         else
@@ -56,16 +72,16 @@ int cmd_eval(int argc, char **argv)
                                  json_number_value(json_object_get(data, "val_fraction")),
                                  &train, &val, &err);
     }
-    if (!rc)
+    if (!rc && !grads)
         rc = data_check_val(&val, json_string_value(json_object_get(data, tok_is_shards(data)
                                                                               ? "val" : "path")),
                             &err);
     double acc[2] = {0, 0};
-    if (!rc)
+    if (!rc && !grads)
         rc = eval_windows(&c.m, &val, json_integer_value(json_object_get(plan, "micro_batch")),
                           json_integer_value(json_object_get(plan, "seq_len")), 0, 1, windows,
                           acc, &err);
-    if (!rc)
+    if (!rc && !grads)
         printf("%s: validation loss %.4f nats/token over %.0f tokens\n", c.dir,
                acc[0] / acc[1], acc[1]);
     token_stream_free(&train);

@@ -5,6 +5,7 @@
 
 #include "model/model.h"
 #include "plugin/named.h"
+#include "train/data.h"
 
 typedef struct ckpt_model {
     registry reg;
@@ -19,5 +20,11 @@ typedef struct ckpt_model {
 int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugins, int threads,
                     k3rt_error *err);
 void ckpt_model_close(ckpt_model *c);
+
+/* grad_dump.c (`k3rt eval --grads`): one training forward and backward on the micro-batch the
+ * checkpoint's next step takes first from train, written to path as safetensors: `tokens`,
+ * `targets` [B, T] i32, `loss` [2] f64 (mean token loss, auxiliary loss), `grad.<param>`
+ * for every parameter and `routing.layers.<i>.selected` [B*T, top_k] i32. */
+int grad_dump(ckpt_model *c, const token_stream *train, const char *path, k3rt_error *err);
 
 #endif

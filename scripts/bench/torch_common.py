@@ -1,0 +1,373 @@
+"""What the PyTorch peers of k3rt's models share (torch_k3.py, torch_dense.py).
+
+- k3rt's files: a checkpoint's manifest.json (the validated recipe document, every plugin's
+  options filled in), model.safetensors and state.safetensors, read with a small reader of the
+  safetensors format (8-byte little-endian header length, JSON header, raw data), so no
+  package beyond torch is needed;
+- the model: embedding, per layer a pre-norm token mixer and a pre-norm FFN, a residual scheme,
+  the final norm, the LM head and the mean token cross-entropy, with the same parameter names
+  as k3rt (`layers.{i}.mixer.q_proj.weight`, ...); the plugins' math is the CPU references'
+  (plugins/*/); the pieces of the dense model are here (NoPE gated MLA, dense GLU, the
+  standard residual), torch_k3.py adds KDA, LatentMoE and Block AttnRes;
+- two paths: `pure` (explicit attention, recurrences and loops in torch ops; runs on the CPU
+  with Debian's torch 1.13, in f64 or f32) and `fast` (SDPA and the GPU kernels each peer
+  names; bf16 autocast over fp32 master weights);
+- the drivers: `check` (k3rt's loss and gradients from `k3rt eval --grads` against this
+  model's autograd on the same weights and batch) and `bench` (whole training steps, CUDA
+  events after warm-up, the median).
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16,
+           "I32": torch.int32, "I64": torch.int64, "U8": torch.uint8, "F16": torch.float16}
+
+
+# ---- k3rt's files ----------------------------------------------------------------------------
+
+def read_safetensors(path):
+    """{name: tensor} of a safetensors file (CPU tensors, copies)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        if e["dtype"] not in _DTYPES:
+            sys.exit(f"{path}: tensor {name} has dtype {e['dtype']}, which this reader lacks")
+        a, b = e["data_offsets"]
+        buf = bytearray(raw[base + a:base + b])
+        t = torch.frombuffer(buf, dtype=_DTYPES[e["dtype"]]) if b > a else \
+            torch.empty(0, dtype=_DTYPES[e["dtype"]])
+        out[name] = t.reshape(e["shape"]).clone()
+    return out
+
+
+def find_checkpoint(path):
+    """A checkpoint directory: path itself, or the newest complete one under path (a run's
+    checkpoints folder or the run folder)."""
+    if os.path.exists(os.path.join(path, "manifest.json")):
+        return path
+    for root in (path, os.path.join(path, "checkpoints")):
+        done = sorted(d for d in glob.glob(os.path.join(root, "step_*"))
+                      if os.path.exists(os.path.join(d, "DONE")) and not d.endswith(".tmp"))
+        if done:
+            return done[-1]
+    sys.exit(f"{path}: no checkpoint (a folder with manifest.json, or step_*/DONE under it)")
+
+
+class Checkpoint:
+    """A k3rt checkpoint: manifest, the validated recipe document, weights and plugin state."""
+
+    def __init__(self, path):
+        self.dir = find_checkpoint(path)
+        with open(os.path.join(self.dir, "manifest.json")) as f:
+            self.manifest = json.load(f)
+        self.doc = self.manifest["config"]
+        self.model = json.loads(json.dumps(self.doc["model"]))
+        if self.manifest.get("balancer"):  # a mid-run balancer change is the one in effect
+            self.model["balancer"] = self.manifest["balancer"]
+        self.weights = read_safetensors(os.path.join(self.dir, "model.safetensors"))
+        sp = os.path.join(self.dir, "state.safetensors")
+        self.state = read_safetensors(sp) if os.path.exists(sp) else {}
+
+
+# ---- shared math -----------------------------------------------------------------------------
+
+def rmsnorm(x, w, eps):
+    """x / sqrt(mean(x^2) + eps) * w over the last axis (core/ops: cpu_rmsnorm_fwd)."""
+    r = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) if x.dtype == torch.bfloat16 \
+        else torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return (x * r.to(x.dtype)) * w.to(x.dtype)
+
+
+def glu(g, u, act, beta1, beta2):
+    """SiTU: beta1 tanh(g/beta1) sigmoid(g) * beta2 tanh(u/beta2); SwiGLU: silu(g) u."""
+    if act == "swiglu":
+        return F.silu(g) * u
+    return (beta1 * torch.tanh(g / beta1) * torch.sigmoid(g)) * (beta2 * torch.tanh(u / beta2))
+
+
+def linear(x, w):
+    """x W^T with W stored [out, in] (k3rt's and nn.Linear's layout)."""
+    return F.linear(x, w.to(x.dtype) if x.dtype != w.dtype else w)
+
+
+def causal_attention(q, k, v, scale, fast):
+    """Causal softmax attention. q, k [B, T, H, Dqk], v [B, T, H, Dv] -> [B, T, H, Dv]."""
+    if fast:
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=True, scale=scale)
+        return o.transpose(1, 2)
+    s = torch.einsum("bthd,bshd->bhts", q, k) * scale
+    T = q.shape[1]
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
+    return torch.einsum("bhts,bshd->bthd", p, v)
+
+
+# ---- modules (each takes its options and a function giving its parameters by short name) -----
+
+class Module:
+    """One plugin instance: `cfg` its options, `p(name)` its parameter by declared name."""
+
+    def __init__(self, cfg, params, d, fast):
+        self.cfg, self.p, self.d, self.fast = cfg, params, d, fast
+
+
+class MLA(Module):
+    """NoPE MLA (plugins/attention/mla/cpu.inc.c): queries from x (or a normed low-rank q),
+    keys from the normed latent plus one shared rope-less key for every head, sigmoid output
+    gate, scale 1/sqrt(nope + shared) unless softmax_scale."""
+
+    def forward(self, x):
+        c, p = self.cfg, self.p
+        B, T, _ = x.shape
+        H, dn, dr, dv, dc = c["heads"], c["qk_nope_dim"], c["qk_shared_dim"], c["v_dim"], \
+            c["kv_rank"]
+        qin = x
+        if c["q_rank"]:
+            qin = rmsnorm(linear(x, p("q_a_proj.weight")), p("q_a_layernorm.weight"),
+                          c["norm_eps"])
+        q = linear(qin, p("q_nope_proj.weight")).view(B, T, H, dn)
+        ckv = linear(x, p("kv_a_proj_with_mqa.weight"))
+        chat = rmsnorm(ckv[..., :dc], p("kv_a_layernorm.weight"), c["norm_eps"])
+        k = linear(chat, p("k_b_proj.weight")).view(B, T, H, dn)
+        v = linear(chat, p("v_b_proj.weight")).view(B, T, H, dv)
+        if dr:
+            qr = linear(qin, p("q_shared_proj.weight")).view(B, T, H, dr)
+            kr = ckv[..., dc:].unsqueeze(2).expand(B, T, H, dr)
+            q, k = torch.cat([q, qr], -1), torch.cat([k, kr], -1)
+        scale = c["softmax_scale"] or 1.0 / math.sqrt(dn + dr)
+        o = causal_attention(q, k, v, scale, self.fast).reshape(B, T, H * dv)
+        if c["output_gate"]:
+            o = o * torch.sigmoid(linear(x, p("o_gate_proj.weight")))
+        return linear(o, p("o_proj.weight"))
+
+
+class DenseGLU(Module):
+    """dense_glu (plugins/moe/dense_glu/ffn.c): glu(x Wg^T, x Wu^T) Wd^T."""
+
+    def forward(self, x):
+        c, p = self.cfg, self.p
+        a = glu(linear(x, p("gate_proj.weight")), linear(x, p("up_proj.weight")), c["act"],
+                c["beta1"], c["beta2"])
+        return linear(a, p("down_proj.weight"))
+
+
+class StandardResidual:
+    """h_0 = embedding; sublayer s reads h_s; h_{s+1} = h_s + y_s; out = h_S."""
+
+    def __init__(self, cfg, params, n_layers):
+        pass
+
+    def begin(self, h0):
+        self.h = h0
+
+    def mix(self, s):
+        return self.h
+
+    def push(self, s, y):
+        self.h = self.h + y
+
+    def finish(self):
+        return self.h
+
+
+PLUGINS = {"mla": MLA, "dense_glu": DenseGLU}
+RESIDUALS = {"standard": StandardResidual}
+
+
+# ---- the model -------------------------------------------------------------------------------
+
+class Model:
+    """k3rt's model (core/model/model_fwd.c) over the weights of a checkpoint, by name."""
+
+    def __init__(self, ck, weights, fast=False, state=None):
+        m = ck.model
+        self.ck, self.w, self.fast = ck, weights, fast
+        self.L, self.d, self.eps = m["layers"], m["d_model"], m["norm_eps"]
+        self.subs = []
+        for i in range(self.L):
+            mix = m["mixers"][m["pattern"][i]]
+            ffn = m["dense_ffn"] if i < m.get("dense_layers", 0) else m["ffn"]
+            for slot, spec in (("mixer", mix), ("ffn", ffn)):
+                cls = PLUGINS.get(spec["plugin"])
+                if cls is None:
+                    sys.exit(f"layers.{i}.{slot}: plugin '{spec['plugin']}' has no PyTorch peer "
+                             f"here (known: {', '.join(sorted(PLUGINS))})")
+                mod = cls(spec["config"], self._params(f"layers.{i}.{slot}."), self.d, fast)
+                mod.layer, mod.bias = i, self._bias(i, state or {})
+                self.subs.append((mod, f"layers.{i}.{slot}_norm.weight"))
+        res = m["residual"]
+        if res["plugin"] not in RESIDUALS:
+            sys.exit(f"residual: plugin '{res['plugin']}' has no PyTorch peer here")
+        self.res_cls, self.res_cfg = RESIDUALS[res["plugin"]], res["config"]
+
+    def _params(self, prefix):
+        return lambda name: self.w[prefix + name]
+
+    def _bias(self, layer, state):
+        return state.get(f"layers.{layer}.balancer.bias")
+
+    def forward(self, tokens, targets):
+        """Mean token cross-entropy over targets >= 0 (k3rt: the loss of model_train_step)."""
+        w = self.w
+        h0 = F.embedding(tokens, w["embed.weight"])
+        if self.fast:
+            h0 = h0.to(torch.bfloat16)
+        res = self.res_cls(self.res_cfg, lambda n: w[n], self.L)
+        res.begin(h0)
+        for s, (mod, norm) in enumerate(self.subs):
+            y = mod.forward(rmsnorm(res.mix(s), w[norm], self.eps))
+            res.push(s, y)
+        hn = rmsnorm(res.finish(), w["norm.weight"], self.eps)
+        logits = linear(hn, w["head.weight"]).float() if self.fast else \
+            linear(hn, w["head.weight"])
+        n = tokens.numel()
+        return F.cross_entropy(logits.reshape(n, -1), targets.reshape(n).long(),
+                               ignore_index=-1, reduction="sum") / n
+
+
+# ---- drivers ---------------------------------------------------------------------------------
+
+def rel_rms(a, b):
+    """rms(a - b) / rms(b) (0 when both are 0)."""
+    a, b = a.double(), b.double()
+    den = b.pow(2).mean().sqrt().item()
+    num = (a - b).pow(2).mean().sqrt().item()
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def check(args, make_model):
+    """k3rt's loss and gradients (k3rt eval --grads) against autograd on the same weights."""
+    ck = Checkpoint(args.ckpt)
+    ref = read_safetensors(args.check)
+    dt = {"f64": torch.float64, "f32": torch.float32}[args.dtype]
+    weights = {k: v.to(dt).requires_grad_(True) for k, v in ck.weights.items()}
+    ck_routing = {k: v for k, v in ref.items() if k.startswith("routing.")}
+    model = make_model(ck, weights, False, ck.state,
+                       ck_routing if args.forced_routing else None)
+    loss = model.forward(ref["tokens"].long(), ref["targets"].long())
+    loss.backward()
+    k_loss = ref["loss"][0].item()
+    rel = abs(loss.item() - k_loss) / abs(k_loss)
+    print(f"loss: torch {loss.item():.12g}  k3rt {k_loss:.12g}  relative difference {rel:.3e}")
+    worst, missing = (0.0, ""), []
+    for name, w in weights.items():
+        g = ref.get("grad." + name)
+        if g is None:
+            missing.append(name)
+            continue
+        r = rel_rms(w.grad if w.grad is not None else torch.zeros_like(w), g)
+        if args.verbose:
+            print(f"  {name}: {r:.3e}")
+        worst = max(worst, (r, name))
+    extra = [k[5:] for k in ref if k.startswith("grad.") and k[5:] not in weights]
+    print(f"gradients: {len(weights) - len(missing)} compared, worst relative rms "
+          f"{worst[0]:.3e} ({worst[1]})")
+    report_routing = getattr(model, "routing_report", None)
+    routing_ok = report_routing(ck_routing) if report_routing else True
+    ok = rel <= args.loss_rtol and worst[0] <= args.grad_rtol and not missing and not extra \
+        and routing_ok
+    if missing or extra:
+        print(f"names: missing in k3rt's gradients {missing[:5]}, unknown here {extra[:5]}")
+    print("PASS" if ok else f"FAIL (tolerances: loss {args.loss_rtol:g}, gradients "
+          f"{args.grad_rtol:g})")
+    return 0 if ok else 1
+
+
+def bench(args, make_model, compile_hint):
+    """Median training step (forward, backward, optimizer) on the GPU, in bf16 autocast over
+    fp32 weights, after warm-up; prints one JSON line."""
+    from bench_util import median_ms
+    if not torch.cuda.is_available():
+        sys.exit("bench: needs a CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    ck = Checkpoint(args.ckpt)
+    dev = torch.device("cuda")
+    weights = {k: v.to(dev, torch.float32).requires_grad_(True) for k, v in ck.weights.items()}
+    state = {k: v.to(dev) for k, v in ck.state.items()}
+    model = make_model(ck, weights, True, state, None)
+    if args.compile:
+        compile_hint(model)
+    plan = ck.doc["plan"]
+    B, T, V = plan["micro_batch"], plan["seq_len"], ck.model["vocab"]
+    g = torch.Generator(device="cpu").manual_seed(1)
+    tokens = torch.randint(0, V, (B, T + 1), generator=g).to(dev)
+    opt = make_optimizer(ck.doc["optimizer"], weights)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model.forward(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    ms = median_ms(step, args.steps, args.warmup)
+    out = {"peer": args.peer_name, "compiled": bool(args.compile), "B": B, "T": T,
+           "step_ms": ms, "tokens_per_s": B * T / (ms / 1e3)}
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def make_optimizer(spec, weights):
+    """The recipe's optimizer family in torch: AdamW (fused) for adamw; for per_head_muon,
+    torch.optim.Muon on the 2-D matrices where this torch has it (whole matrices, not per
+    head) and AdamW on the rest."""
+    cfg, lr = spec["config"], spec.get("lr", 1e-3)
+    params = list(weights.values())
+    if spec["plugin"] == "per_head_muon" and hasattr(torch.optim, "Muon"):
+        mats = [w for n, w in weights.items() if w.ndim == 2 and "embed" not in n
+                and not n.startswith("head.")]
+        ids = {id(w) for w in mats}
+        rest = [w for w in params if id(w) not in ids]
+        muon = torch.optim.Muon(mats, lr=lr, weight_decay=cfg.get("weight_decay", 0.0))
+        adam = torch.optim.AdamW(rest, lr=lr, fused=True)
+
+        class Both:
+            def step(self):
+                muon.step(), adam.step()
+
+            def zero_grad(self, set_to_none=True):
+                muon.zero_grad(set_to_none=set_to_none), adam.zero_grad(set_to_none=set_to_none)
+        return Both()
+    return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.get("weight_decay", 0.0),
+                             fused=True)
+
+
+def main(make_model, compile_hint, peer_name, description):
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--ckpt", required=True,
+                    help="a k3rt checkpoint directory, or a run (folder) holding checkpoints")
+    ap.add_argument("--check", metavar="GRADS",
+                    help="compare with `k3rt eval CKPT --grads GRADS`'s loss and gradients")
+    ap.add_argument("--dtype", choices=["f64", "f32"], default="f64", help="check precision")
+    ap.add_argument("--loss-rtol", type=float, default=1e-5)
+    ap.add_argument("--grad-rtol", type=float, default=1e-4)
+    ap.add_argument("--forced-routing", action="store_true",
+                    help="route every token to the experts k3rt chose (near-ties)")
+    ap.add_argument("--verbose", action="store_true", help="every parameter's residual")
+    ap.add_argument("--bench", action="store_true", help="time training steps on the GPU")
+    ap.add_argument("--compile", action="store_true", help="bench: torch.compile per block")
+    ap.add_argument("--steps", type=int, default=10, help="bench: timed steps")
+    ap.add_argument("--warmup", type=int, default=3, help="bench: untimed steps first")
+    args = ap.parse_args()
+    args.peer_name = peer_name
+    torch.manual_seed(0)
+    if args.check:
+        return check(args, make_model)
+    if args.bench:
+        return bench(args, make_model, compile_hint)
+    ap.error("give --check GRADS or --bench")

@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of k3rt's K3-style models: whatever model a k3rt checkpoint holds (its
+manifest's recipe document says which plugins with which options), built from its
+model.safetensors by name. It adds to torch_common.py's dense pieces (NoPE gated MLA, dense
+GLU, standard residual):
+
+- KDA (plugins/attention/kda/cpu_layer*.inc.c): q, k, v projections, causal depthwise short
+  conv, SiLU, per-head L2 norm of q and k (eps 1e-6 under the root), the forget gate
+  g = lower_bound * sigmoid(e^A_log (z + dt_bias)) (or -e^A_log softplus(z + dt_bias)),
+  beta = sigmoid(x Wb^T), the delta rule S <- Diag(e^g) S; S += k beta (v - S^T k)^T;
+  o = S^T (q / sqrt(dk)) (value head hv reads query/key head hv / (HV / H)), per-head RMSNorm
+  with one gain, sigmoid output gate, output projection. Pure path: the recurrence token by
+  token in torch ops; fast path: fla's chunk_kda with the gate computed in the kernel.
+- Stable LatentMoE (plugins/moe/latent_moe/moe.c): sigmoid router scores, top-k of the scores
+  plus the balancer's bias (state.safetensors: layers.{i}.balancer.bias; ties keep the lower
+  expert id), weights renormalised over the chosen scores, the routed experts in the latent
+  (down-projection once per token), combine, latent RMSNorm, up-projection, shared experts at
+  full width. Pure path: a loop over experts; fast path: torch._grouped_mm over the tokens
+  sorted by expert.
+- Block AttnRes (plugins/residual/block_attnres/attnres.c, cpu.inc.c): blocks of
+  2 * block_layers sublayers; sublayer 0 reads the embedding; sublayer s >= 1 mixes the closed
+  blocks' sums and the running partial with softmax_i(rho_i (gamma * w) . v_i); the output
+  mixes them once more. Fast path: fla's fused_attnres.
+
+  torch_k3.py --ckpt CKPT --check GRADS [--dtype f64|f32] [--forced-routing]
+      k3rt's loss and gradients (`k3rt eval CKPT --grads GRADS`) against autograd here
+  torch_k3.py --ckpt CKPT --bench [--compile] [--steps N] [--warmup W]
+      a training step on the GPU (fast path, bf16 autocast, fp32 weights), median ms
+"""
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_common as tc  # noqa: E402
+from torch_common import glu, linear, rmsnorm  # noqa: E402
+
+
+class KDA(tc.Module):
+    def _conv(self, u, w):
+        """Causal depthwise conv: z[t, c] = sum_j w[c, j] u[t - W + 1 + j, c]."""
+        W = w.shape[1]
+        z = F.conv1d(F.pad(u.transpose(1, 2), (W - 1, 0)), w.to(u.dtype).unsqueeze(1),
+                     groups=u.shape[-1])
+        return z.transpose(1, 2)
+
+    def _l2(self, x, heads):
+        B, T, D = x.shape
+        x = F.silu(x).view(B, T, heads, D // heads)
+        return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)
+
+    def forward(self, x):
+        c, p = self.cfg, self.p
+        B, T, _ = x.shape
+        H = c["heads"]
+        HV = c["value_heads"] or H
+        dk = c["head_dk"] or c["head_dim"]
+        dv = c["head_dv"] or c["head_dim"]
+        rf = dv if c["forget_rank"] is None else c["forget_rank"]
+        q = self._l2(self._conv(linear(x, p("q_proj.weight")), p("q_conv1d.weight")), H)
+        k = self._l2(self._conv(linear(x, p("k_proj.weight")), p("k_conv1d.weight")), H)
+        v = F.silu(self._conv(linear(x, p("v_proj.weight")), p("v_conv1d.weight")))
+        v = v.view(B, T, HV, dv)
+        z = linear(linear(x, p("f_a_proj.weight")), p("f_b_proj.weight")) if rf else \
+            linear(x, p("f_proj.weight"))
+        z = z.view(B, T, HV, dk)
+        a_log, dt_bias = p("A_log"), p("dt_bias").view(HV, dk)
+        lb = c["lower_bound"]
+        beta = torch.sigmoid(linear(x, p("b_proj.weight")))
+        scale = 1.0 / math.sqrt(dk)
+        if self.fast:
+            from fla.ops.kda import chunk_kda
+            kw = dict(use_gate_in_kernel=True, A_log=a_log.float(), dt_bias=p("dt_bias").float())
+            if lb is not None:
+                kw.update(safe_gate=True, lower_bound=lb)
+            o, _ = chunk_kda(q.to(v.dtype), k.to(v.dtype), v, z.to(v.dtype), beta.to(v.dtype),
+                             scale=scale, **kw)
+        else:
+            zb = z + dt_bias.to(z.dtype)
+            ea = torch.exp(a_log).to(z.dtype).view(1, 1, HV, 1)
+            g = lb * torch.sigmoid(ea * zb) if lb is not None else -ea * F.softplus(zb)
+            o = self._recurrence(q, k, v, g, beta, scale, HV // H)
+        on = rmsnorm(o, p("o_norm.weight"), c["norm_eps"]).reshape(B, T, HV * dv)
+        G = linear(linear(x, p("g_a_proj.weight")), p("g_b_proj.weight")) if c["gate_rank"] \
+            else linear(x, p("g_proj.weight"))
+        return linear(on * torch.sigmoid(G), p("o_proj.weight"))
+
+    @staticmethod
+    def _recurrence(q, k, v, g, beta, scale, group):
+        """The delta rule token by token (cpu_recurrent.inc.c's rec_step)."""
+        B, T, HV, dv = v.shape
+        q = q.repeat_interleave(group, dim=2) * scale
+        k = k.repeat_interleave(group, dim=2)
+        S = v.new_zeros(B, HV, k.shape[-1], dv)
+        out = []
+        for t in range(T):
+            S = S * torch.exp(g[:, t]).unsqueeze(-1)
+            e = v[:, t] - torch.einsum("bhk,bhkv->bhv", k[:, t], S)
+            S = S + torch.einsum("bhk,bhv->bhkv", k[:, t], beta[:, t].unsqueeze(-1) * e)
+            out.append(torch.einsum("bhk,bhkv->bhv", q[:, t], S))
+        return torch.stack(out, 1)
+
+
+class LatentMoE(tc.Module):
+    forced = None  # [N, k] expert ids to use instead of this model's own choice
+
+    def route(self, s):
+        """Top-k of s + bias in descending order, ties to the lower id (route_range)."""
+        c = self.cfg
+        k = c["top_k"]
+        biased = s.detach().double()
+        if self.bias is not None:
+            biased = biased + self.bias.to(biased.device).float().double()
+        order = torch.sort(biased, dim=-1, descending=True, stable=True)
+        sel, top = order.indices[:, :k], order.values
+        self.margin = (top[:, k - 1] - top[:, k]).min().item() if k < s.shape[1] else math.inf
+        self.own = sel
+        return sel if self.forced is None else self.forced.long().to(s.device)
+
+    def forward(self, x):
+        c, p = self.cfg, self.p
+        B, T, d = x.shape
+        N, E, k = B * T, c["experts"], c["top_k"]
+        xf = x.reshape(N, d)
+        s = torch.sigmoid(linear(xf, p("router.weight")))
+        sel = self.route(s)
+        ssel = s.gather(1, sel)
+        w = ssel * (c["routed_scaling"] / (ssel.sum(-1, keepdim=True) + 1e-20)) \
+            if c["renormalize"] else ssel * c["routed_scaling"]
+        lat = linear(xf, p("routed_down_proj.weight"))
+        wg, wu, wd = p("experts.gate_proj.weight"), p("experts.up_proj.weight"), \
+            p("experts.down_proj.weight")
+        act = lambda g_, u_: glu(g_, u_, c["act"], c["beta1"], c["beta2"])  # noqa: E731
+        if self.fast:
+            U = self._grouped(lat, sel, w, wg, wu, wd, act)
+        else:
+            U = lat.new_zeros(N, lat.shape[1])
+            for e in range(E):
+                tok, slot = (sel == e).nonzero(as_tuple=True)
+                if tok.numel() == 0:
+                    continue
+                xe = lat[tok]
+                ye = linear(act(linear(xe, wg[e]), linear(xe, wu[e])), wd[e])
+                U = U.index_add(0, tok, ye * w[tok, slot].unsqueeze(-1))
+        n = rmsnorm(U, p("routed_norm.weight"), c["norm_eps"]) if c["latent_norm"] else U
+        y = linear(n, p("routed_up_proj.weight"))
+        if c["shared"]:
+            y = y + linear(act(linear(xf, p("shared_experts.gate_proj.weight")),
+                               linear(xf, p("shared_experts.up_proj.weight"))),
+                           p("shared_experts.down_proj.weight"))
+        return y.view(B, T, d)
+
+    @staticmethod
+    def _grouped(lat, sel, w, wg, wu, wd, act):
+        """The routed experts as three torch._grouped_mm calls over rows sorted by expert."""
+        N, k = sel.shape
+        flat = sel.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=wg.shape[0])
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        xe = lat.to(torch.bfloat16)[order // k]
+        bf = lambda t: t.to(torch.bfloat16).transpose(1, 2)  # noqa: E731  [E, in, out]
+        h = act(torch._grouped_mm(xe, bf(wg), offs=offs), torch._grouped_mm(xe, bf(wu), offs=offs))
+        ye = torch._grouped_mm(h, bf(wd), offs=offs)
+        out = torch.empty_like(ye)
+        out[order] = ye
+        return (out.view(N, k, -1) * w.unsqueeze(-1).to(out.dtype)).sum(1)
+
+
+class BlockAttnRes:
+    """Block AttnRes in the residual protocol of attnres.c: begin, mix(s), push(s, y), finish."""
+
+    def __init__(self, cfg, params, n_layers, fast=False):
+        self.p, self.eps, self.fast = params, cfg["norm_eps"], fast
+        self.kb = 1 if cfg["full"] else 2 * cfg["block_layers"]
+        self.S = 2 * n_layers
+
+    def _op(self, s, sources):
+        name = "residual.out." if s == self.S else \
+            f"layers.{s // 2}.residual.{'attn' if s % 2 == 0 else 'ffn'}."
+        w, gamma = self.p(name + "query"), self.p(name + "key_norm")
+        if self.fast:
+            from fla.ops.attnres import fused_attnres
+            return fused_attnres(w, sources, gamma, rms_eps=self.eps)
+        V = torch.stack(sources)
+        rho = torch.rsqrt(V.pow(2).mean(-1) + self.eps)
+        alpha = torch.softmax(rho * (V @ (gamma * w).to(V.dtype)), dim=0)
+        return (alpha.unsqueeze(-1) * V).sum(0)
+
+    def _closed(self, s):
+        return 0 if s <= 0 else (s - 1) // self.kb + 1
+
+    def begin(self, h0):
+        self.src, self.P = [h0], None
+
+    def mix(self, s):
+        if s == 0:
+            return self.src[0]
+        n = self._closed(s)
+        out = self._op(s, self.src[:n] + [self.P])
+        if s % self.kb == 0 and s < self.S:
+            self.src.append(self.P)
+        return out
+
+    def push(self, s, y):
+        self.P = y if s % self.kb == 0 else self.P + y
+
+    def finish(self):
+        return self._op(self.S, self.src[:self._closed(self.S)] + [self.P])
+
+
+tc.PLUGINS.update({"kda": KDA, "latent_moe": LatentMoE})
+tc.RESIDUALS.update({"block_attnres": BlockAttnRes})
+
+
+class K3Model(tc.Model):
+    def __init__(self, ck, weights, fast, state, forced):
+        super().__init__(ck, weights, fast, state)
+        res = self.res_cls
+        if res is BlockAttnRes:
+            self.res_cls = lambda cfg, p, L: BlockAttnRes(cfg, p, L, fast)
+        for mod, _ in self.subs:
+            key = f"routing.layers.{mod.layer}.selected"
+            if isinstance(mod, LatentMoE) and forced is not None and key in forced:
+                mod.forced = forced[key]
+
+    def routing_report(self, k3rt_routing):
+        """Per routed layer: tokens whose chosen set differs from k3rt's, the smallest gap
+        between the k-th and (k+1)-th biased score. True when every choice agrees, or every
+        layer was given k3rt's choice."""
+        ok = True
+        for mod, _ in self.subs:
+            if not isinstance(mod, LatentMoE):
+                continue
+            ref = k3rt_routing.get(f"routing.layers.{mod.layer}.selected")
+            if ref is None:
+                print(f"routing: layers.{mod.layer}: k3rt's choice missing")
+                ok = False
+                continue
+            a = torch.sort(mod.own, -1).values
+            b = torch.sort(ref.long(), -1).values
+            diff = int((a != b).any(-1).sum())
+            print(f"routing: layers.{mod.layer}: {diff} of {a.shape[0]} tokens choose other "
+                  f"experts than k3rt{' (k3rt choice used)' if mod.forced is not None else ''}; "
+                  f"smallest top-k margin {mod.margin:.3e}")
+            ok = ok and (diff == 0 or mod.forced is not None)
+        return ok
+
+
+def compile_blocks(model):
+    for mod, _ in model.subs:
+        mod.forward = torch.compile(mod.forward)
+
+
+if __name__ == "__main__":
+    sys.exit(tc.main(K3Model, compile_blocks, "torch_k3", __doc__.split("\n\n")[0]))
