@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# k3rt against its PyTorch peer (scripts/bench/torch_k3.py, pure path) on the CPU: a short
+# training run writes a checkpoint, `k3rt eval --grads` one more forward and backward on the
+# next step's batch, and the peer must reproduce that loss and every parameter's gradient from
+# the checkpoint's weights by name. Runs after two optimizer steps, so the balancers' biases
+# are non-zero and the routing follows them.
+#   f64 (the main job's model, and a variant through the other branches of every plugin):
+#       loss within 1e-10 relative, gradients within 1e-8 relative rms, k3rt's expert choice
+#       reproduced token for token;
+#   f32 (the main job's model with k3rt's expert choice given, and the dense baseline):
+#       loss 1e-5, gradients 1e-4;
+#   and a mismatched pair (f32 gradients against f64 weights at the f64 tolerances) must fail.
+# Skips (77) when no python3 with torch is found (K3RT_TORCH_PYTHON names one).
+# usage: torch_parity.sh K3RT_BINARY SOURCE_DIR
+set -u
+K3RT=$1
+SRC=$2
+PY=""
+for cand in ${K3RT_TORCH_PYTHON:-} python3 /usr/bin/python3; do
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import torch" 2>/dev/null; then
+        PY=$cand
+        break
+    fi
+done
+if [ -z "$PY" ]; then
+    echo "SKIP: no python3 with torch (set K3RT_TORCH_PYTHON)"
+    exit 77
+fi
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+cd "$SRC" || exit 1
+PEER="$PY scripts/bench/torch_k3.py"
+COMMON=(--set train.steps=2 --set train.checkpoint_interval=2 --set train.eval_batches=1
+        --set plan.micro_batch=2 --set plan.seq_len=48 --no-sample --quiet)
+fail=0
+
+# run NAME RECIPE [--set ...]: trains, then dumps the gradients into $TMP/NAME.grads
+run() {
+    local name=$1 recipe=$2
+    shift 2
+    "$K3RT" train "$recipe" --out "$TMP/$name" "${COMMON[@]}" "$@" >"$TMP/$name.log" 2>&1 &&
+        "$K3RT" eval "$TMP/$name/checkpoints" --grads "$TMP/$name.grads" >>"$TMP/$name.log" 2>&1 ||
+        { echo "FAIL: k3rt on $name:"; cat "$TMP/$name.log"; fail=1; return 1; }
+}
+
+# expect pass|fail NAME GRADS [peer options]
+expect() {
+    local want=$1 name=$2 grads=$3
+    shift 3
+    echo "== $name ($want expected)"
+    $PEER --ckpt "$TMP/$name" --check "$grads" "$@"
+    local rc=$?
+    if { [ "$want" = pass ] && [ $rc -ne 0 ]; } || { [ "$want" = fail ] && [ $rc -ne 1 ]; }; then
+        echo "FAIL: $name: the peer's check returned $rc"
+        fail=1
+    fi
+}
+
+TIGHT=(--dtype f64 --loss-rtol 1e-10 --grad-rtol 1e-8)
+F32=(--dtype f32 --loss-rtol 1e-5 --grad-rtol 1e-4)
+run k3_f64 scripts/recipes/tiny.lua --set 'plan.dtype="f64"' &&
+    expect pass k3_f64 "$TMP/k3_f64.grads" "${TIGHT[@]}"
+run variant_f64 scripts/recipes/tiny.lua --set 'plan.dtype="f64"' \
+    --set model.mixers.K.value_heads=8 --set model.mixers.K.head_dk=16 \
+    --set model.mixers.K.gate_rank=16 --set model.mixers.K.forget_rank=0 \
+    --set model.mixers.K.lower_bound=k3.none --set model.mixers.M.q_rank=48 \
+    --set model.mixers.M.output_gate=false --set model.residual.full=true \
+    --set model.ffn.latent_norm=false --set model.ffn.renormalize=false \
+    --set model.ffn.routed_scaling=2.5 --set 'model.ffn.act="swiglu"' &&
+    expect pass variant_f64 "$TMP/variant_f64.grads" "${TIGHT[@]}"
+run k3_f32 scripts/recipes/tiny.lua &&
+    expect pass k3_f32 "$TMP/k3_f32.grads" "${F32[@]}" --forced-routing
+run dense_f32 scripts/recipes/tiny_dense.lua &&
+    expect pass dense_f32 "$TMP/dense_f32.grads" "${F32[@]}"
+[ -f "$TMP/k3_f32.grads" ] && [ -d "$TMP/k3_f64" ] &&
+    expect fail k3_f64 "$TMP/k3_f32.grads" "${TIGHT[@]}"
+[ $fail -eq 0 ] && echo "torch parity: all passed"
+exit $fail
