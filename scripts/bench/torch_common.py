@@ -215,6 +215,11 @@ class Model:
             sys.exit(f"residual: plugin '{res['plugin']}' has no PyTorch peer here")
         self.res_cls, self.res_cfg = RESIDUALS[res["plugin"]], res["config"]
 
+    @classmethod
+    def create(cls, ck, weights, fast, state, forced):
+        """What main() builds: forced (k3rt's expert choices) matters only to routed FFNs."""
+        return cls(ck, weights, fast, state)
+
     def _params(self, prefix):
         return lambda name: self.w[prefix + name]
 
@@ -345,6 +350,13 @@ def make_optimizer(spec, weights):
         return Both()
     return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.get("weight_decay", 0.0),
                              fused=True)
+
+
+def compile_blocks(model):
+    """torch.compile of every sublayer's module (a mixer, an FFN), each compiled once and
+    reused by the layers of the same shapes."""
+    for mod, _ in model.subs:
+        mod.forward = torch.compile(mod.forward)
 
 
 def main(make_model, compile_hint, peer_name, description):

@@ -217,7 +217,7 @@ tc.RESIDUALS.update({"block_attnres": BlockAttnRes})
 
 
 class K3Model(tc.Model):
-    def __init__(self, ck, weights, fast, state, forced):
+    def __init__(self, ck, weights, fast, state, forced=None):
         super().__init__(ck, weights, fast, state)
         res = self.res_cls
         if res is BlockAttnRes:
@@ -250,10 +250,5 @@ class K3Model(tc.Model):
         return ok
 
 
-def compile_blocks(model):
-    for mod, _ in model.subs:
-        mod.forward = torch.compile(mod.forward)
-
-
 if __name__ == "__main__":
-    sys.exit(tc.main(K3Model, compile_blocks, "torch_k3", __doc__.split("\n\n")[0]))
+    sys.exit(tc.main(K3Model, tc.compile_blocks, "torch_k3", __doc__.split("\n\n")[0]))
