@@ -293,41 +293,65 @@ def check(args, make_model):
     return 0 if ok else 1
 
 
+def median_wall_ms(fn, runs, warmup):
+    """The CPU's stand-in for bench_util.median_ms: host clock, median."""
+    import time
+    for _ in range(warmup):
+        fn()
+    t = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        t.append((time.perf_counter() - t0) * 1e3)
+    t.sort()
+    n = len(t)
+    return t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
+
+
 def bench(args, make_model, compile_hint):
-    """Median training step (forward, backward, optimizer) on the GPU, in bf16 autocast over
-    fp32 weights, after warm-up; prints one JSON line."""
-    from bench_util import median_ms
-    if not torch.cuda.is_available():
+    """Median training step (forward, backward, optimizer) after warm-up; prints one JSON
+    line. On the GPU: the fast path in bf16 autocast over fp32 weights, CUDA events. With
+    --bench-device cpu: the pure path in f32 on the host clock (a smoke test of the loop)."""
+    gpu = args.bench_device == "cuda"
+    if gpu and not torch.cuda.is_available():
         sys.exit("bench: needs a CUDA device")
-    torch.backends.cuda.matmul.allow_tf32 = True
+    if gpu:
+        torch.backends.cuda.matmul.allow_tf32 = True
     ck = Checkpoint(args.ckpt)
-    dev = torch.device("cuda")
+    dev = torch.device(args.bench_device)
     weights = {k: v.to(dev, torch.float32).requires_grad_(True) for k, v in ck.weights.items()}
     state = {k: v.to(dev) for k, v in ck.state.items()}
-    model = make_model(ck, weights, True, state, None)
+    model = make_model(ck, weights, gpu, state, None)
     if args.compile:
         compile_hint(model)
     plan = ck.doc["plan"]
     B, T, V = plan["micro_batch"], plan["seq_len"], ck.model["vocab"]
     g = torch.Generator(device="cpu").manual_seed(1)
     tokens = torch.randint(0, V, (B, T + 1), generator=g).to(dev)
-    opt = make_optimizer(ck.doc["optimizer"], weights)
+    opt = make_optimizer(ck.doc["optimizer"], weights, fused=gpu)
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        if gpu:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model.forward(tokens[:, :-1], tokens[:, 1:])
+        else:
             loss = model.forward(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    ms = median_ms(step, args.steps, args.warmup)
-    out = {"peer": args.peer_name, "compiled": bool(args.compile), "B": B, "T": T,
-           "step_ms": ms, "tokens_per_s": B * T / (ms / 1e3)}
+    if gpu:
+        from bench_util import median_ms
+        ms = median_ms(step, args.steps, args.warmup)
+    else:
+        ms = median_wall_ms(step, args.steps, args.warmup)
+    out = {"peer": args.peer_name, "compiled": bool(args.compile), "device": args.bench_device,
+           "B": B, "T": T, "step_ms": ms, "tokens_per_s": B * T / (ms / 1e3)}
     print(json.dumps(out), flush=True)
     return 0
 
 
-def make_optimizer(spec, weights):
+def make_optimizer(spec, weights, fused):
     """The recipe's optimizer family in torch: AdamW (fused) for adamw; for per_head_muon,
     torch.optim.Muon on the 2-D matrices where this torch has it (whole matrices, not per
     head) and AdamW on the rest."""
@@ -339,7 +363,7 @@ def make_optimizer(spec, weights):
         ids = {id(w) for w in mats}
         rest = [w for w in params if id(w) not in ids]
         muon = torch.optim.Muon(mats, lr=lr, weight_decay=cfg.get("weight_decay", 0.0))
-        adam = torch.optim.AdamW(rest, lr=lr, fused=True)
+        adam = torch.optim.AdamW(rest, lr=lr, fused=fused)
 
         class Both:
             def step(self):
@@ -349,7 +373,7 @@ def make_optimizer(spec, weights):
                 muon.zero_grad(set_to_none=set_to_none), adam.zero_grad(set_to_none=set_to_none)
         return Both()
     return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.get("weight_decay", 0.0),
-                             fused=True)
+                             **({"fused": True} if fused else {}))
 
 
 def compile_blocks(model):
@@ -375,6 +399,8 @@ def main(make_model, compile_hint, peer_name, description):
     ap.add_argument("--compile", action="store_true", help="bench: torch.compile per block")
     ap.add_argument("--steps", type=int, default=10, help="bench: timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="bench: untimed steps first")
+    ap.add_argument("--bench-device", choices=["cuda", "cpu"], default="cuda",
+                    help="bench: cpu runs the pure path in f32 (a smoke test of the loop)")
     args = ap.parse_args()
     args.peer_name = peer_name
     torch.manual_seed(0)
