@@ -21,7 +21,9 @@
 #   PEAK_TFLOPS  the MFU denominator (default 725)
 #   PY           the python with torch (default python3); fla comes from ROOT/.ref/fla_pkg
 #                when that folder exists, else from the python's own packages
-#   DEVICE       k3rt's plan.device (default cuda; cpu runs the k3rt half anywhere, a smoke test)
+#   DEVICE       k3rt's plan.device (default cuda); PEER_ARGS more options for the peer:
+#                DEVICE=cpu PEER_ARGS="--bench-device cpu" runs the whole script on the CPU
+#                (a smoke test of the script: the pure paths, host-clock times)
 #   STEP_OUT     working folder (default /tmp/step-<recipe stem>); removed checkpoints aside,
 #                it keeps the logs: k3rt.log, plan.json, <peer>.log
 # Example (on the GPU machine, from the repository root, with the CUDA build carried):
@@ -86,7 +88,7 @@ for mode in $PEERS; do
     [ "$mode" = compiled ] && flag=--compile
     t0=$(date +%s)
     "$PY" "$ROOT/scripts/bench/$PEER" --ckpt "$OUTDIR/k3rt" --bench $flag --steps "$STEPS" \
-        --warmup "$WARMUP" > "$OUTDIR/$mode.log" 2>&1
+        --warmup "$WARMUP" ${PEER_ARGS:-} > "$OUTDIR/$mode.log" 2>&1
     ms=$(grep '^{' "$OUTDIR/$mode.log" | tail -1 | "$PY" -c \
         'import json,sys; print(json.loads(sys.stdin.read())["step_ms"])' 2>/dev/null)
     echo "peer $mode: $(( $(date +%s) - t0 )) s (log $OUTDIR/$mode.log)"

@@ -120,10 +120,12 @@ def causal_attention(q, k, v, scale, fast):
 # ---- modules (each takes its options and a function giving its parameters by short name) -----
 
 class Module:
-    """One plugin instance: `cfg` its options, `p(name)` its parameter by declared name."""
+    """One plugin's math for its options `cfg`; forward(x, p) takes the instance's parameters
+    p by declared name ({"q_proj.weight": tensor, ...}; "balancer.bias" for a routed FFN),
+    so instances of the same options share one compiled function."""
 
-    def __init__(self, cfg, params, d, fast):
-        self.cfg, self.p, self.d, self.fast = cfg, params, d, fast
+    def __init__(self, cfg, d, fast):
+        self.cfg, self.d, self.fast = cfg, d, fast
 
 
 class MLA(Module):
@@ -131,39 +133,39 @@ class MLA(Module):
     keys from the normed latent plus one shared rope-less key for every head, sigmoid output
     gate, scale 1/sqrt(nope + shared) unless softmax_scale."""
 
-    def forward(self, x):
-        c, p = self.cfg, self.p
+    def forward(self, x, p):
+        c = self.cfg
         B, T, _ = x.shape
         H, dn, dr, dv, dc = c["heads"], c["qk_nope_dim"], c["qk_shared_dim"], c["v_dim"], \
             c["kv_rank"]
         qin = x
         if c["q_rank"]:
-            qin = rmsnorm(linear(x, p("q_a_proj.weight")), p("q_a_layernorm.weight"),
+            qin = rmsnorm(linear(x, p["q_a_proj.weight"]), p["q_a_layernorm.weight"],
                           c["norm_eps"])
-        q = linear(qin, p("q_nope_proj.weight")).view(B, T, H, dn)
-        ckv = linear(x, p("kv_a_proj_with_mqa.weight"))
-        chat = rmsnorm(ckv[..., :dc], p("kv_a_layernorm.weight"), c["norm_eps"])
-        k = linear(chat, p("k_b_proj.weight")).view(B, T, H, dn)
-        v = linear(chat, p("v_b_proj.weight")).view(B, T, H, dv)
+        q = linear(qin, p["q_nope_proj.weight"]).view(B, T, H, dn)
+        ckv = linear(x, p["kv_a_proj_with_mqa.weight"])
+        chat = rmsnorm(ckv[..., :dc], p["kv_a_layernorm.weight"], c["norm_eps"])
+        k = linear(chat, p["k_b_proj.weight"]).view(B, T, H, dn)
+        v = linear(chat, p["v_b_proj.weight"]).view(B, T, H, dv)
         if dr:
-            qr = linear(qin, p("q_shared_proj.weight")).view(B, T, H, dr)
+            qr = linear(qin, p["q_shared_proj.weight"]).view(B, T, H, dr)
             kr = ckv[..., dc:].unsqueeze(2).expand(B, T, H, dr)
             q, k = torch.cat([q, qr], -1), torch.cat([k, kr], -1)
         scale = c["softmax_scale"] or 1.0 / math.sqrt(dn + dr)
         o = causal_attention(q, k, v, scale, self.fast).reshape(B, T, H * dv)
         if c["output_gate"]:
-            o = o * torch.sigmoid(linear(x, p("o_gate_proj.weight")))
-        return linear(o, p("o_proj.weight"))
+            o = o * torch.sigmoid(linear(x, p["o_gate_proj.weight"]))
+        return linear(o, p["o_proj.weight"])
 
 
 class DenseGLU(Module):
     """dense_glu (plugins/moe/dense_glu/ffn.c): glu(x Wg^T, x Wu^T) Wd^T."""
 
-    def forward(self, x):
-        c, p = self.cfg, self.p
-        a = glu(linear(x, p("gate_proj.weight")), linear(x, p("up_proj.weight")), c["act"],
+    def forward(self, x, p):
+        c = self.cfg
+        a = glu(linear(x, p["gate_proj.weight"]), linear(x, p["up_proj.weight"]), c["act"],
                 c["beta1"], c["beta2"])
-        return linear(a, p("down_proj.weight"))
+        return linear(a, p["down_proj.weight"])
 
 
 class StandardResidual:
@@ -191,6 +193,20 @@ RESIDUALS = {"standard": StandardResidual}
 
 # ---- the model -------------------------------------------------------------------------------
 
+class Sublayer:
+    """Sublayer `slot` (mixer or ffn) of layer i: its module, its parameters by declared name
+    (and the balancer's bias from the plugin state), its pre-norm gain, what runs it."""
+
+    def __init__(self, mod, i, slot, weights, state):
+        prefix = f"layers.{i}.{slot}."
+        self.mod, self.layer, self.norm = mod, i, f"layers.{i}.{slot}_norm.weight"
+        self.p = {n[len(prefix):]: t for n, t in weights.items() if n.startswith(prefix)}
+        bias = state.get(f"layers.{i}.balancer.bias")
+        if slot == "ffn" and bias is not None:
+            self.p["balancer.bias"] = bias
+        self.run = mod.forward
+
+
 class Model:
     """k3rt's model (core/model/model_fwd.c) over the weights of a checkpoint, by name."""
 
@@ -207,9 +223,8 @@ class Model:
                 if cls is None:
                     sys.exit(f"layers.{i}.{slot}: plugin '{spec['plugin']}' has no PyTorch peer "
                              f"here (known: {', '.join(sorted(PLUGINS))})")
-                mod = cls(spec["config"], self._params(f"layers.{i}.{slot}."), self.d, fast)
-                mod.layer, mod.bias = i, self._bias(i, state or {})
-                self.subs.append((mod, f"layers.{i}.{slot}_norm.weight"))
+                self.subs.append(Sublayer(cls(spec["config"], self.d, fast), i, slot, weights,
+                                          state or {}))
         res = m["residual"]
         if res["plugin"] not in RESIDUALS:
             sys.exit(f"residual: plugin '{res['plugin']}' has no PyTorch peer here")
@@ -220,12 +235,6 @@ class Model:
         """What main() builds: forced (k3rt's expert choices) matters only to routed FFNs."""
         return cls(ck, weights, fast, state)
 
-    def _params(self, prefix):
-        return lambda name: self.w[prefix + name]
-
-    def _bias(self, layer, state):
-        return state.get(f"layers.{layer}.balancer.bias")
-
     def forward(self, tokens, targets):
         """Mean token cross-entropy over targets >= 0 (k3rt: the loss of model_train_step)."""
         w = self.w
@@ -234,9 +243,8 @@ class Model:
             h0 = h0.to(torch.bfloat16)
         res = self.res_cls(self.res_cfg, lambda n: w[n], self.L)
         res.begin(h0)
-        for s, (mod, norm) in enumerate(self.subs):
-            y = mod.forward(rmsnorm(res.mix(s), w[norm], self.eps))
-            res.push(s, y)
+        for s, sub in enumerate(self.subs):
+            res.push(s, sub.run(rmsnorm(res.mix(s), w[sub.norm], self.eps), sub.p))
         hn = rmsnorm(res.finish(), w["norm.weight"], self.eps)
         logits = linear(hn, w["head.weight"]).float() if self.fast else \
             linear(hn, w["head.weight"])
@@ -377,10 +385,14 @@ def make_optimizer(spec, weights, fused):
 
 
 def compile_blocks(model):
-    """torch.compile of every sublayer's module (a mixer, an FFN), each compiled once and
-    reused by the layers of the same shapes."""
-    for mod, _ in model.subs:
-        mod.forward = torch.compile(mod.forward)
+    """torch.compile per sublayer module (a mixer, an FFN): one compiled function per plugin
+    and options, shared by every layer that has them (the parameters are its inputs)."""
+    compiled = {}
+    for sub in model.subs:
+        key = (type(sub.mod).__name__, json.dumps(sub.mod.cfg, sort_keys=True))
+        if key not in compiled:
+            compiled[key] = torch.compile(sub.mod.forward)
+        sub.run = compiled[key]
 
 
 def main(make_model, compile_hint, peer_name, description):

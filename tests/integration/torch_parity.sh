@@ -81,5 +81,17 @@ run dense_mla_f64 scripts/recipes/dense_mla.lua --set 'plan.dtype="f64"' --set m
         "${TIGHT[@]}"
 [ -f "$TMP/k3_f32.grads" ] && [ -d "$TMP/k3_f64" ] &&
     expect fail k3_f64 "$TMP/k3_f32.grads" "${TIGHT[@]}"
+# scripts/bench/step.sh end to end on the CPU (pure paths, host clock): its table must have
+# the k3rt row and the eager peer's row with a ratio
+echo "== step.sh (CPU smoke)"
+STEPS=2 WARMUP=1 DEVICE=cpu PEERS=eager PY=$PY PEER_ARGS="--bench-device cpu" STEP_OUT=$TMP/step \
+    SET="--set plan.micro_batch=2 --set plan.seq_len=32" \
+    bash scripts/bench/step.sh scripts/recipes/tiny.lua "$(dirname "$(dirname "$K3RT")")" \
+    > "$TMP/step.out" 2>&1
+cat "$TMP/step.out"
+grep -q "peer scripts/bench/torch_k3.py" "$TMP/step.out" &&
+    grep -Eq "^k3rt +[0-9.]+ +[0-9]+" "$TMP/step.out" &&
+    grep -Eq "^torch eager +[0-9.]+ +[0-9]+ .* [0-9]+\.[0-9]+$" "$TMP/step.out" ||
+    { echo "FAIL: step.sh's table"; fail=1; }
 [ $fail -eq 0 ] && echo "torch parity: all passed"
 exit $fail
