@@ -19,18 +19,23 @@
 #   PEERS        which peer runs, of "compiled eager" (default both)
 #   SET          more --set overrides for k3rt and so the peer (e.g. "--set plan.micro_batch=4")
 #   PEAK_TFLOPS  the MFU denominator (default 725)
-#   PY           the python with torch (default python3); fla comes from ROOT/.ref/fla_pkg
-#                when that folder exists, else from the python's own packages
+#   PY           the python with torch (default python3); fla comes from FLA (default
+#                ROOT/.ref/fla_pkg) when that folder exists, else from the python's packages
 #   DEVICE       k3rt's plan.device (default cuda); PEER_ARGS more options for the peer:
 #                DEVICE=cpu PEER_ARGS="--bench-device cpu" runs the whole script on the CPU
 #                (a smoke test of the script: the pure paths, host-clock times)
-#   STEP_OUT     working folder (default /tmp/step-<recipe stem>); removed checkpoints aside,
-#                it keeps the logs: k3rt.log, plan.json, <peer>.log
+#   STEP_OUT     working folder (default /tmp/step-<recipe stem>): plan.json, k3rt.log, the k3rt
+#                run (k3rt/, with its checkpoint unless CLEAN=1), <mode>.log per peer run
+#   REUSE=1      skip k3rt's run and use the one STEP_OUT holds (its profile record and
+#                checkpoint): the peers in separate calls when one call has too little time
+#   PEER_TIMEOUT seconds each peer run may take (default 420: torch.compile and fla's
+#                autotuning of the first calls are minutes at K3-mini's size)
 # Example (on the GPU machine, from the repository root, with the CUDA build carried):
 #   scripts/bench/step.sh scripts/recipes/dense_mla.lua build-cuda
 #   scripts/bench/step.sh scripts/recipes/k3_mini.lua build-cuda
+#   (or K3-mini's peers one per call: PEERS=eager ..., then REUSE=1 PEERS=compiled ...)
 set -u
-[ $# -ge 1 ] || { sed -n 2,30p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,36p "$0"; exit 2; }
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 RECIPE=$1
 BUILD=$(cd "${2:-$ROOT/build}" && pwd) || exit 1
@@ -46,7 +51,8 @@ K3RT=$BUILD/bin/k3rt
 [ -x "$K3RT" ] || { echo "step.sh: no k3rt at $K3RT (give a CUDA build folder)" >&2; exit 1; }
 . "$ROOT/scripts/gpu/env.sh"
 export K3RT_PLUGIN_PATH=$BUILD/plugins
-[ -d "$ROOT/.ref/fla_pkg" ] && export PYTHONPATH=$ROOT/.ref/fla_pkg${PYTHONPATH:+:$PYTHONPATH}
+FLA=${FLA:-$ROOT/.ref/fla_pkg}
+[ -d "$FLA" ] && export PYTHONPATH=$FLA${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUTDIR"
 k3() { LD_LIBRARY_PATH=$LIBPATH "$K3RT" "$@"; }
 json() { "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print($1)" "$2"; }
@@ -65,14 +71,18 @@ print("torch_dense.py" if dense else "torch_k3.py")' "$OUTDIR/plan.json")
 echo "== $RECIPE: $TOKENS tokens, $FLOPS model FLOPs per step; peer scripts/bench/$PEER"
 
 # 2. k3rt's profiled steps; the final checkpoint is the peer's model
-rm -rf "$OUTDIR/k3rt"
-t0=$(date +%s)
-k3 train "$RECIPE" --out "$OUTDIR/k3rt" --profile "$STEPS" --no-sample \
-    --set train.steps=$((STEPS + 2)) --set train.checkpoint_interval=$((STEPS + 2)) \
-    --set train.eval_batches=1 --set train.log_interval=1 --set "plan.device=\"${DEVICE:-cuda}\"" \
-    "${EXTRA[@]}" > "$OUTDIR/k3rt.log" 2>&1 ||
-    { tail -20 "$OUTDIR/k3rt.log"; echo "step.sh: k3rt train failed" >&2; exit 1; }
-echo "k3rt train: $(( $(date +%s) - t0 )) s (log $OUTDIR/k3rt.log)"
+if [ "${REUSE:-0}" = 1 ] && [ -f "$OUTDIR/k3rt/metrics.jsonl" ]; then
+    echo "k3rt train: reusing $OUTDIR/k3rt"
+else
+    rm -rf "$OUTDIR/k3rt"
+    t0=$(date +%s)
+    k3 train "$RECIPE" --out "$OUTDIR/k3rt" --profile "$STEPS" --no-sample \
+        --set train.steps=$((STEPS + 2)) --set train.checkpoint_interval=$((STEPS + 2)) \
+        --set train.eval_batches=1 --set train.log_interval=1 \
+        --set "plan.device=\"${DEVICE:-cuda}\"" "${EXTRA[@]}" > "$OUTDIR/k3rt.log" 2>&1 ||
+        { tail -20 "$OUTDIR/k3rt.log"; echo "step.sh: k3rt train failed" >&2; exit 1; }
+    echo "k3rt train: $(( $(date +%s) - t0 )) s (log $OUTDIR/k3rt.log)"
+fi
 K3_MS=$($PY -c '
 import json, sys
 for line in open(sys.argv[1]):
@@ -87,14 +97,14 @@ for mode in $PEERS; do
     flag=""
     [ "$mode" = compiled ] && flag=--compile
     t0=$(date +%s)
-    "$PY" "$ROOT/scripts/bench/$PEER" --ckpt "$OUTDIR/k3rt" --bench $flag --steps "$STEPS" \
+    timeout "${PEER_TIMEOUT:-420}" "$PY" "$ROOT/scripts/bench/$PEER" --ckpt "$OUTDIR/k3rt" --bench $flag --steps "$STEPS" \
         --warmup "$WARMUP" ${PEER_ARGS:-} > "$OUTDIR/$mode.log" 2>&1
     ms=$(grep '^{' "$OUTDIR/$mode.log" | tail -1 | "$PY" -c \
         'import json,sys; print(json.loads(sys.stdin.read())["step_ms"])' 2>/dev/null)
     echo "peer $mode: $(( $(date +%s) - t0 )) s (log $OUTDIR/$mode.log)"
     [ -n "$ms" ] && PEER_MS[$mode]=$ms || tail -5 "$OUTDIR/$mode.log"
 done
-rm -rf "$OUTDIR/k3rt/checkpoints"
+[ "${CLEAN:-0}" = 1 ] && rm -rf "$OUTDIR/k3rt/checkpoints"
 
 # 4. the table
 row() {  # row NAME STEP_MS

@@ -100,8 +100,11 @@ def glu(g, u, act, beta1, beta2):
 
 
 def linear(x, w):
-    """x W^T with W stored [out, in] (k3rt's and nn.Linear's layout)."""
-    return F.linear(x, w.to(x.dtype) if x.dtype != w.dtype else w)
+    """x W^T with W stored [out, in] (k3rt's and nn.Linear's layout); under autocast the cast
+    of W is autocast's (cached for the step)."""
+    if x.dtype != w.dtype and not torch.is_autocast_enabled():
+        w = w.to(x.dtype)
+    return F.linear(x, w)
 
 
 def causal_attention(q, k, v, scale, fast):

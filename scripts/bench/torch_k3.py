@@ -46,7 +46,7 @@ class KDA(tc.Module):
         W = w.shape[1]
         z = F.conv1d(F.pad(u.transpose(1, 2), (W - 1, 0)), w.to(u.dtype).unsqueeze(1),
                      groups=u.shape[-1])
-        return z.transpose(1, 2)
+        return z.transpose(1, 2).contiguous()
 
     def _l2(self, x, heads):
         B, T, D = x.shape
