@@ -17,6 +17,7 @@
   events after warm-up, the median).
 """
 import argparse
+import contextlib
 import glob
 import json
 import math
@@ -126,6 +127,8 @@ class Module:
     """One plugin's math for its options `cfg`; forward(x, p) takes the instance's parameters
     p by declared name ({"q_proj.weight": tensor, ...}; "balancer.bias" for a routed FFN),
     so instances of the same options share one compiled function."""
+
+    report = True  # keep what the check reports (off in the benchmark: it may sync)
 
     def __init__(self, cfg, d, fast):
         self.cfg, self.d, self.fast = cfg, d, fast
@@ -267,15 +270,20 @@ def rel_rms(a, b):
 
 
 def check(args, make_model):
-    """k3rt's loss and gradients (k3rt eval --grads) against autograd on the same weights."""
+    """k3rt's loss and gradients (k3rt eval --grads) against autograd on the same weights:
+    the pure path on the CPU in --dtype, or --path fast on the GPU (bf16 autocast over fp32
+    weights: give it bf16-sized tolerances)."""
     ck = Checkpoint(args.ckpt)
     ref = read_safetensors(args.check)
-    dt = {"f64": torch.float64, "f32": torch.float32}[args.dtype]
-    weights = {k: v.to(dt).requires_grad_(True) for k, v in ck.weights.items()}
-    ck_routing = {k: v for k, v in ref.items() if k.startswith("routing.")}
-    model = make_model(ck, weights, False, ck.state,
-                       ck_routing if args.forced_routing else None)
-    loss = model.forward(ref["tokens"].long(), ref["targets"].long())
+    fast = args.path == "fast"
+    dev = torch.device("cuda" if fast else "cpu")
+    dt = torch.float32 if fast else {"f64": torch.float64, "f32": torch.float32}[args.dtype]
+    weights = {k: v.to(dev, dt).requires_grad_(True) for k, v in ck.weights.items()}
+    ck_routing = {k: v.to(dev) for k, v in ref.items() if k.startswith("routing.")}
+    state = {k: v.to(dev) for k, v in ck.state.items()}
+    model = make_model(ck, weights, fast, state, ck_routing if args.forced_routing else None)
+    with torch.autocast("cuda", dtype=torch.bfloat16) if fast else contextlib.nullcontext():
+        loss = model.forward(ref["tokens"].long().to(dev), ref["targets"].long().to(dev))
     loss.backward()
     k_loss = ref["loss"][0].item()
     rel = abs(loss.item() - k_loss) / abs(k_loss)
@@ -286,7 +294,7 @@ def check(args, make_model):
         if g is None:
             missing.append(name)
             continue
-        r = rel_rms(w.grad if w.grad is not None else torch.zeros_like(w), g)
+        r = rel_rms((w.grad if w.grad is not None else torch.zeros_like(w)).cpu(), g)
         if args.verbose:
             print(f"  {name}: {r:.3e}")
         worst = max(worst, (r, name))
@@ -333,6 +341,8 @@ def bench(args, make_model, compile_hint):
     weights = {k: v.to(dev, torch.float32).requires_grad_(True) for k, v in ck.weights.items()}
     state = {k: v.to(dev) for k, v in ck.state.items()}
     model = make_model(ck, weights, gpu, state, None)
+    for sub in model.subs:
+        sub.mod.report = False
     if args.compile:
         compile_hint(model)
     plan = ck.doc["plan"]
@@ -405,6 +415,8 @@ def main(make_model, compile_hint, peer_name, description):
     ap.add_argument("--check", metavar="GRADS",
                     help="compare with `k3rt eval CKPT --grads GRADS`'s loss and gradients")
     ap.add_argument("--dtype", choices=["f64", "f32"], default="f64", help="check precision")
+    ap.add_argument("--path", choices=["pure", "fast"], default="pure",
+                    help="check: pure (CPU, --dtype) or fast (GPU kernels, bf16 autocast)")
     ap.add_argument("--loss-rtol", type=float, default=1e-5)
     ap.add_argument("--grad-rtol", type=float, default=1e-4)
     ap.add_argument("--forced-routing", action="store_true",
