@@ -7,8 +7,8 @@
 #   f64 (the main job's model, and a variant through the other branches of every plugin):
 #       loss within 1e-10 relative, gradients within 1e-8 relative rms, k3rt's expert choice
 #       reproduced token for token;
-#   f32 (the main job's model with k3rt's expert choice given, and the dense baseline through
-#       torch_dense.py): loss 1e-5, gradients 1e-4; dense_mla.lua at small widths in f64;
+#   f32 (the main job's model with k3rt's expert choice given, and dense_mla.lua at small
+#       widths through torch_dense.py): loss 1e-5, gradients 1e-4;
 #   and a mismatched pair (f32 gradients against f64 weights at the f64 tolerances) must fail.
 # Skips (77) when no python3 with torch is found (K3RT_TORCH_PYTHON names one).
 # usage: torch_parity.sh K3RT_BINARY SOURCE_DIR
@@ -70,15 +70,14 @@ run variant_f64 scripts/recipes/tiny.lua --set 'plan.dtype="f64"' \
     expect pass variant_f64 "$TMP/variant_f64.grads" "${TIGHT[@]}"
 run k3_f32 scripts/recipes/tiny.lua &&
     expect pass k3_f32 "$TMP/k3_f32.grads" "${F32[@]}" --forced-routing
-run dense_f32 scripts/recipes/tiny_dense.lua &&
-    PEER="$PY scripts/bench/torch_dense.py" expect pass dense_f32 "$TMP/dense_f32.grads" "${F32[@]}"
-# the GPU benchmark's dense model at small widths (its shape: heads, shared key, gate, GLU)
-run dense_mla_f64 scripts/recipes/dense_mla.lua --set 'plan.dtype="f64"' --set model.layers=2 \
-    --set model.d_model=64 --set model.vocab=256 --set model.mixers.M.kv_rank=32 \
-    --set model.mixers.M.qk_nope_dim=16 --set model.mixers.M.qk_shared_dim=8 \
-    --set model.mixers.M.v_dim=16 --set model.ffn.hidden=128 &&
-    PEER="$PY scripts/bench/torch_dense.py" expect pass dense_mla_f64 "$TMP/dense_mla_f64.grads" \
-        "${TIGHT[@]}"
+# the dense peer on the GPU benchmark's dense model at small widths (heads, shared key, gate,
+# GLU; the standard residual), in f32
+run dense_mla_f32 scripts/recipes/dense_mla.lua --set model.layers=2 --set model.d_model=64 \
+    --set model.vocab=256 --set model.mixers.M.kv_rank=32 --set model.mixers.M.qk_nope_dim=16 \
+    --set model.mixers.M.qk_shared_dim=8 --set model.mixers.M.v_dim=16 \
+    --set model.ffn.hidden=128 &&
+    PEER="$PY scripts/bench/torch_dense.py" expect pass dense_mla_f32 "$TMP/dense_mla_f32.grads" \
+        "${F32[@]}"
 [ -f "$TMP/k3_f32.grads" ] && [ -d "$TMP/k3_f64" ] &&
     expect fail k3_f64 "$TMP/k3_f32.grads" "${TIGHT[@]}"
 # scripts/bench/step.sh end to end on the CPU (pure paths, host clock): its table must have
