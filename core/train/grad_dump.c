@@ -5,7 +5,6 @@
  * The balancers' state is the checkpoint's, so the routing is the one the step would use. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "model/model_internal.h"
 #include "train/ckpt_model.h"
@@ -18,8 +17,9 @@ typedef struct dump_names {
     int n;
 } dump_names;
 
+/* Fills e (3 + parameters + routed layers entries) and returns how many. */
 static int build_entries(model *m, const int32_t *in, const int32_t *tg, const double *loss,
-                         st_entry *e, dump_names *nm, int *count)
+                         st_entry *e, dump_names *nm)
 {
     int n = 0;
     st_entry tok = {"tokens", K3RT_I32, 2, {m->B, m->T}, in};
@@ -43,8 +43,7 @@ static int build_entries(model *m, const int32_t *in, const int32_t *tg, const d
                       {r->selected.shape[0], r->selected.shape[1]}, r->selected.data};
         e[n++] = s;
     }
-    *count = n;
-    return K3RT_OK;
+    return n;
 }
 
 int grad_dump(ckpt_model *c, const token_stream *train, const char *path, k3rt_error *err)
@@ -78,11 +77,8 @@ int grad_dump(ckpt_model *c, const token_stream *train, const char *path, k3rt_e
         loss[0] /= (double)N;
         loss[1] = m->aux_loss;
     }
-    int n = 0;
     if (!rc)
-        rc = build_entries(m, in, tg, loss, e, &nm, &n);
-    if (!rc)
-        rc = st_write(path, e, n, NULL, err);
+        rc = st_write(path, e, build_entries(m, in, tg, loss, e, &nm), NULL, err);
     if (!rc)
         printf("%s: step %lld's first micro-batch (%lld x %lld): loss %.9g, %d gradients -> %s\n",
                c->dir, (long long)step + 1, (long long)B, (long long)T, loss[0], m->n_params,
