@@ -34,24 +34,27 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16,
 
 # ---- k3rt's files ----------------------------------------------------------------------------
 
-def read_safetensors(path):
-    """{name: tensor} of a safetensors file (CPU tensors, copies)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    base = 8 + n
+def read_safetensors(path, want=None):
+    """{name: tensor} of a safetensors file (CPU tensors); want(name) -> bool reads only those
+    (the balancers' biases out of a state file that also holds the optimizer's)."""
     out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        if e["dtype"] not in _DTYPES:
-            sys.exit(f"{path}: tensor {name} has dtype {e['dtype']}, which this reader lacks")
-        a, b = e["data_offsets"]
-        buf = bytearray(raw[base + a:base + b])
-        t = torch.frombuffer(buf, dtype=_DTYPES[e["dtype"]]) if b > a else \
-            torch.empty(0, dtype=_DTYPES[e["dtype"]])
-        out[name] = t.reshape(e["shape"]).clone()
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        base = 8 + n
+        for name, e in sorted(header.items(), key=lambda kv: kv[1].get("data_offsets", [0])[0]
+                              if kv[0] != "__metadata__" else -1):
+            if name == "__metadata__" or (want and not want(name)):
+                continue
+            if e["dtype"] not in _DTYPES:
+                sys.exit(f"{path}: tensor {name} has dtype {e['dtype']}, which this reader "
+                         "lacks")
+            a, b = e["data_offsets"]
+            f.seek(base + a)
+            buf = bytearray(f.read(b - a))
+            t = torch.frombuffer(buf, dtype=_DTYPES[e["dtype"]]) if b > a else \
+                torch.empty(0, dtype=_DTYPES[e["dtype"]])
+            out[name] = t.reshape(e["shape"])
     return out
 
 
@@ -81,7 +84,8 @@ class Checkpoint:
             self.model["balancer"] = self.manifest["balancer"]
         self.weights = read_safetensors(os.path.join(self.dir, "model.safetensors"))
         sp = os.path.join(self.dir, "state.safetensors")
-        self.state = read_safetensors(sp) if os.path.exists(sp) else {}
+        self.state = read_safetensors(sp, lambda n: ".balancer." in n) \
+            if os.path.exists(sp) else {}
 
 
 # ---- shared math -----------------------------------------------------------------------------
