@@ -125,7 +125,7 @@ def causal_attention(q, k, v, scale, fast):
     return torch.einsum("bhts,bshd->bthd", p, v)
 
 
-# ---- modules (each takes its options and a function giving its parameters by short name) -----
+# ---- modules (options at construction, parameters by declared name in forward) ---------------
 
 class Module:
     """One plugin's math for its options `cfg`; forward(x, p) takes the instance's parameters

@@ -41,6 +41,12 @@ from torch_common import glu, linear, rmsnorm  # noqa: E402
 
 
 class KDA(tc.Module):
+    def __init__(self, cfg, d, fast):
+        super().__init__(cfg, d, fast)
+        if fast:  # imported here, not inside the forward that torch.compile traces
+            from fla.ops.kda import chunk_kda
+            self.chunk_kda = chunk_kda
+
     def _conv(self, u, w):
         """Causal depthwise conv: z[t, c] = sum_j w[c, j] u[t - W + 1 + j, c]."""
         W = w.shape[1]
@@ -73,16 +79,15 @@ class KDA(tc.Module):
         b_logit = linear(x, p["b_proj.weight"])
         scale = 1.0 / math.sqrt(dk)
         if self.fast:  # as fla's KDA layer calls it: L2 norm, gate and beta in the kernel
-            from fla.ops.kda import chunk_kda
             kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                       use_beta_sigmoid_in_kernel=True, A_log=a_log.float(),
                       dt_bias=p["dt_bias"].float())
             if lb is not None:
                 kw.update(safe_gate=True, lower_bound=lb)
             dt = v.dtype
-            o, _ = chunk_kda(F.silu(q).view(B, T, H, dk).to(dt),
-                             F.silu(k).view(B, T, H, dk).to(dt),
-                             v, z.to(dt), b_logit.to(dt), scale=scale, **kw)
+            o, _ = self.chunk_kda(F.silu(q).view(B, T, H, dk).to(dt),
+                                  F.silu(k).view(B, T, H, dk).to(dt),
+                                  v, z.to(dt), b_logit.to(dt), scale=scale, **kw)
         else:
             q, k, beta = self._l2(q, H), self._l2(k, H), torch.sigmoid(b_logit)
             zb = z + dt_bias.to(z.dtype)
@@ -131,7 +136,7 @@ class LatentMoE(tc.Module):
     def forward(self, x, p):
         c = self.cfg
         B, T, d = x.shape
-        N, E, k = B * T, c["experts"], c["top_k"]
+        N, E = B * T, c["experts"]
         xf = x.reshape(N, d)
         s = torch.sigmoid(linear(xf, p["router.weight"]))
         sel = self.route(s, p.get("balancer.bias"))
@@ -186,14 +191,16 @@ class BlockAttnRes:
         self.p, self.eps, self.fast = params, cfg["norm_eps"], fast
         self.kb = 1 if cfg["full"] else 2 * cfg["block_layers"]
         self.S = 2 * n_layers
+        if fast:
+            from fla.ops.attnres import fused_attnres
+            self.fused_attnres = fused_attnres
 
     def _op(self, s, sources):
         name = "residual.out." if s == self.S else \
             f"layers.{s // 2}.residual.{'attn' if s % 2 == 0 else 'ffn'}."
         w, gamma = self.p(name + "query"), self.p(name + "key_norm")
         if self.fast:
-            from fla.ops.attnres import fused_attnres
-            return fused_attnres(w, sources, gamma, rms_eps=self.eps)
+            return self.fused_attnres(w, sources, gamma, rms_eps=self.eps)
         V = torch.stack(sources)
         rho = torch.rsqrt(V.pow(2).mean(-1) + self.eps)
         alpha = torch.softmax(rho * (V @ (gamma * w).to(V.dtype)), dim=0)
