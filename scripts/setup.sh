@@ -3,6 +3,8 @@
 # Used by run_main.sh and test.sh; safe to run again.
 #   --fuzz           also clang with its libFuzzer runtime and OpenMP (scripts/fuzz.sh)
 #   --packages-only  install, do not build
+#   --test-deps      also what only the tests use: the distribution's PyTorch (CPU), for the
+#                    parity of torch_k3.py / torch_dense.py with k3rt (integration/torch_parity)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +22,7 @@ build=1
 for a in "$@"; do
   case "$a" in
     --fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;;
+    --test-deps) packages+=(python3-torch) ;;
     --packages-only) build=0 ;;
     *) echo "setup.sh: unknown option $a" >&2; exit 2 ;;
   esac

@@ -3,7 +3,7 @@
 # CUDA) runs every test again. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh --test-deps
 jobs="$(nproc)"
 ctest --test-dir build --output-on-failure -j"$jobs" "$@"
 
