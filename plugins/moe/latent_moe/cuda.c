@@ -9,10 +9,12 @@
  * f32 on every run, and a near-tie routes as it does on the CPU. The router's backward product
  * takes dz rounded to bf16 (its weight gradient accumulates in fp32).
  *
- * Host reads: k3rt_grouped_linear_fwd/bwd take the expert offsets as a HOST array, so each
- * forward and each backward copies the E + 1 offsets from the device once and waits for them:
- * one host synchronisation per layer call, until the grouped GEMM takes device-side shapes.
- * Nothing else is read back; the routing the balancer sees stays on the device. */
+ * Host reads: none. The expert GEMMs take the offsets where the dispatch wrote them
+ * (k3rt_grouped_linear_*_dev, i64 on the device), so the routing, the counts and the offsets
+ * never leave the device in a layer call; the engine reads the counts once per step. Under
+ * bf16 with the CUTLASS grouped GEMM (sm_90, widths multiples of 8, <= 1024 experts) that is
+ * no host synchronisation at all; on the core's other grouped path (f32, or a shape CUTLASS
+ * does not take) the core copies the offsets to the host inside each grouped call and waits. */
 #include <string.h>
 
 #include "latent_moe.h"
@@ -113,14 +115,6 @@ void lmoe_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out)
     out->state_bytes = 0;
 }
 
-/* The expert offsets into the instance's host array: the layer call's one synchronisation. */
-static int host_offsets(latent_moe *f, k3rt_stream *st, const void *dev, k3rt_error *err)
-{
-    K3RT_TRY(k3rt_memcpy(st, f->host_offsets, K3RT_DEVICE_CPU, dev, f->device,
-                         (size_t)(f->E + 1) * sizeof(int64_t), err));
-    return k3rt_stream_sync(st, err);
-}
-
 /* s = sigmoid(x W_r^T) in f32: under bf16 x and W_r are widened first (exactly). */
 static int router_fwd(const latent_moe *f, const k3rt_fwd_args *a, const cu_layout *L,
                       char *ws, float *s, k3rt_error *err)
@@ -167,16 +161,17 @@ int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
     K3RT_TRY(router_fwd(f, a, &L, ws, s, err));
     K3RT_TRY(lmoe_cu_route(cs, s, bias, N, E, k, f->renormalize, f->rscale, sel, p, err));
     K3RT_TRY(lmoe_cu_dispatch(cs, sel, R, E, ws + L.sort, counts, offsets, pos, src, err));
-    K3RT_TRY(host_offsets(f, st, offsets, err));
-    const int64_t *hoff = f->host_offsets;
 
-    /* routed experts in the latent space */
+    /* routed experts in the latent space: R rows in expert order, offsets[E] = R (dropless) */
     K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LMOE_DOWN), NULL, c, N, d, l, err));
     K3RT_TRY(lmoe_cu_gather(cs, dt, c, src, R, k, l, xe, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LMOE_EX_GATE), g, hoff, E, l, m, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LMOE_EX_UP), u, hoff, E, l, m, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd_dev(st, dt, xe, P(LMOE_EX_GATE), g, offsets, K3RT_I64, E, R,
+                                         l, m, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd_dev(st, dt, xe, P(LMOE_EX_UP), u, offsets, K3RT_I64, E, R, l,
+                                         m, err));
     K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, g, u, act, R * m, f->beta1, f->beta2, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, act, P(LMOE_EX_DOWN), ye, hoff, E, m, l, err));
+    K3RT_TRY(k3rt_grouped_linear_fwd_dev(st, dt, act, P(LMOE_EX_DOWN), ye, offsets, K3RT_I64, E,
+                                         R, m, l, err));
     K3RT_TRY(lmoe_cu_combine(cs, dt, ye, pos, p, N, k, l, U, err));
     K3RT_TRY(lmoe_out_forward(f, st, a, U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su, sv + L.sa,
                             err));
@@ -234,18 +229,17 @@ int lmoe_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
     void *dye = ws + L.dye, *da = ws + L.da, *dg = ws + L.dg, *du = ws + L.du;
     void *xe = ws + L.xe_b, *dc = ws + L.dc;
     K3RT_TRY(lmoe_cu_combine_bwd(cs, dt, dU, sv + L.ye, pos, p, N, k, l, dp, dye, err));
-    K3RT_TRY(host_offsets(f, st, sv + L.offsets, err));
-    const int64_t *hoff = f->host_offsets;
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, sv + L.act, P(LMOE_EX_DOWN), dye, da, G(LMOE_EX_DOWN),
-                                     hoff, E, m, l, 0, err));
+    const void *off = sv + L.offsets; /* the forward's, still on the device */
+    K3RT_TRY(k3rt_grouped_linear_bwd_dev(st, dt, sv + L.act, P(LMOE_EX_DOWN), dye, da,
+                                         G(LMOE_EX_DOWN), off, K3RT_I64, E, R, m, l, 0, err));
     K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.g, sv + L.u, da, dg, du, R * m, f->beta1,
                           f->beta2, err));
     K3RT_TRY(lmoe_cu_gather(cs, dt, sv + L.c, src, R, k, l, xe, err));
     void *dxe = dye; /* dye is spent */
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LMOE_EX_GATE), dg, dxe, G(LMOE_EX_GATE), hoff, E,
-                                     l, m, 0, err));
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LMOE_EX_UP), du, dxe, G(LMOE_EX_UP), hoff, E, l,
-                                     m, 1, err));
+    K3RT_TRY(k3rt_grouped_linear_bwd_dev(st, dt, xe, P(LMOE_EX_GATE), dg, dxe, G(LMOE_EX_GATE), off,
+                                         K3RT_I64, E, R, l, m, 0, err));
+    K3RT_TRY(k3rt_grouped_linear_bwd_dev(st, dt, xe, P(LMOE_EX_UP), du, dxe, G(LMOE_EX_UP), off,
+                                         K3RT_I64, E, R, l, m, 1, err));
     K3RT_TRY(lmoe_cu_combine(cs, dt, dxe, pos, NULL, N, k, l, dc, err));
     K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_DOWN), dc, dx, G(LMOE_DOWN), NULL, N, d, l, acc,
                              err));

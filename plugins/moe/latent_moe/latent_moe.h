@@ -24,7 +24,6 @@ enum {
 typedef struct latent_moe {
     int dtype;            /* K3RT_F32 or K3RT_F64 on the CPU; K3RT_F32 or K3RT_BF16 on CUDA */
     int device;           /* K3RT_DEVICE_CPU or a CUDA device */
-    int64_t *host_offsets; /* [E + 1] CUDA: the expert offsets read back for the grouped ops */
     int64_t d;            /* d_model */
     int64_t E, k;         /* routed experts, experts per token */
     int64_t l;            /* latent width */

@@ -103,9 +103,6 @@ static int lmoe_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (f->device != K3RT_DEVICE_CPU) {
         int rc = lmoe_gpu_check(f, err);
-        f->host_offsets = rc ? NULL : malloc((size_t)(E + 1) * sizeof(int64_t));
-        if (!rc && !f->host_offsets)
-            rc = k3rt_fail(err, K3RT_ERR_NOMEM, "latent_moe: out of memory");
         if (rc) {
             free(f);
             return rc;
@@ -118,10 +115,7 @@ static int lmoe_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 
 static void lmoe_destroy(void *self)
 {
-    latent_moe *f = self;
-    if (f)
-        free(f->host_offsets);
-    free(f);
+    free(self);
 }
 
 /* With init_std everywhere (0.02) the routed path is four small matrices in a row and the
