@@ -14,8 +14,19 @@
  * never leave the device in a layer call; the engine reads the counts once per step. Under
  * bf16 with the CUTLASS grouped GEMM (sm_90, widths multiples of 8, <= 1024 experts) that is
  * no host synchronisation at all; on the core's other grouped path (f32, or a shape CUTLASS
- * does not take) the core copies the offsets to the host inside each grouped call and waits. */
+ * does not take) the core copies the offsets to the host inside each grouped call and waits.
+ *
+ * Streams (overlap_shared, with shared experts): the shared experts read only x (forward) and
+ * x, dy and their saved parts (backward), so they run on a second stream of the instance while
+ * the routed path runs on the call's stream. `fork`, recorded on the call's stream at entry,
+ * orders the side stream after everything before the call; `join`, recorded on the side
+ * stream after its last piece, is waited for by the call's stream before the first product
+ * that needs the shared result (forward: y += sa Wsd^T; backward: dx += dsg Wsg + dsu Wsu),
+ * so every later user of the call's stream is ordered after both. Each buffer has one writer
+ * and the same order of sums with or without the overlap: the same bits either way. */
 #include <string.h>
+
+#include <k3rt/host.h>
 
 #include "latent_moe.h"
 #include "cuda/lmoe_cuda.h"
@@ -106,6 +117,45 @@ int lmoe_gpu_check(const latent_moe *f, k3rt_error *err)
     return K3RT_OK;
 }
 
+int lmoe_gpu_create(latent_moe *f, int overlap_shared, k3rt_error *err)
+{
+    if (!overlap_shared || f->Hs == 0)
+        return K3RT_OK;
+    K3RT_TRY(k3rt_stream_create(f->device, K3RT_STREAM_COMPUTE, &f->side, err));
+    K3RT_TRY(k3rt_event_create(f->device, &f->fork, err));
+    return k3rt_event_create(f->device, &f->join, err);
+}
+
+void lmoe_gpu_destroy(latent_moe *f)
+{
+    k3rt_event_destroy(f->join);
+    k3rt_event_destroy(f->fork);
+    k3rt_stream_destroy(f->side);
+    f->side = NULL, f->fork = f->join = NULL;
+}
+
+/* The stream the shared experts run on: the side stream, ordered after the call's work so
+ * far (fork), or the call's stream itself. */
+static int shared_begin(latent_moe *f, k3rt_stream *st, k3rt_stream **sh, k3rt_error *err)
+{
+    *sh = st;
+    if (!f->side || f->Hs == 0)
+        return K3RT_OK;
+    K3RT_TRY(k3rt_event_record(f->fork, st, err));
+    K3RT_TRY(k3rt_stream_wait(f->side, f->fork, err));
+    *sh = f->side;
+    return K3RT_OK;
+}
+
+/* The side stream's work so far, ordered before the call's stream's next work (join). */
+static int shared_end(latent_moe *f, k3rt_stream *st, k3rt_stream *sh, k3rt_error *err)
+{
+    if (sh == st)
+        return K3RT_OK;
+    K3RT_TRY(k3rt_event_record(f->join, sh, err));
+    return k3rt_stream_wait(st, f->join, err);
+}
+
 void lmoe_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out)
 {
     cu_layout L;
@@ -152,6 +202,13 @@ int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
     void *c = sv + L.c, *g = sv + L.g, *u = sv + L.u, *act = sv + L.act, *ye = sv + L.ye;
     void *U = sv + L.U, *xe = ws + L.xe;
 
+    /* the shared experts' gate, up and GLU, beside everything up to the routed W-up */
+    k3rt_stream *sh = st;
+    if (f->Hs > 0) {
+        K3RT_TRY(shared_begin(f, st, &sh, err));
+        K3RT_TRY(lmoe_shared_in(f, sh, a, sv + L.sg, sv + L.su, sv + L.sa, err));
+    }
+
     /* route and dispatch */
     if (a->bias.ndim)
         K3RT_TRY(k3rt_memcpy(st, bias, f->device, a->bias.data, a->bias.device,
@@ -173,8 +230,11 @@ int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
     K3RT_TRY(k3rt_grouped_linear_fwd_dev(st, dt, act, P(LMOE_EX_DOWN), ye, offsets, K3RT_I64, E,
                                          R, m, l, err));
     K3RT_TRY(lmoe_cu_combine(cs, dt, ye, pos, p, N, k, l, U, err));
-    K3RT_TRY(lmoe_out_forward(f, st, a, U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su, sv + L.sa,
-                            err));
+    K3RT_TRY(lmoe_routed_out(f, st, a, U, sv + L.nrm, sv + L.rstd, err));
+    if (f->Hs > 0) {
+        K3RT_TRY(shared_end(f, st, sh, err));
+        K3RT_TRY(lmoe_shared_out(f, st, a, sv + L.sa, err));
+    }
 
     if (a->routing) {
         k3rt_routing *r = a->routing;
@@ -219,10 +279,16 @@ int lmoe_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
     const void *x = a->x.data;
     void *dx = a->dx.data;
 
+    /* the shared experts' weight gradients and dsg, dsu, beside the routed backward; their
+     * input gradient is added last, after the routed path has written dx */
+    k3rt_stream *sh = st;
+    if (f->Hs > 0) {
+        K3RT_TRY(shared_begin(f, st, &sh, err));
+        K3RT_TRY(lmoe_shared_bwd_w(f, sh, a, sv + L.sg, sv + L.su, sv + L.sa, ws + L.dsa,
+                                   ws + L.dsg, ws + L.dsu, err));
+    }
     void *dU = ws + L.dU;
-    K3RT_TRY(lmoe_out_backward(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su,
-                             sv + L.sa, ws + L.dsa, ws + L.dsg, ws + L.dsu, ws + L.dn, dU, err));
-    int acc = f->Hs > 0;
+    K3RT_TRY(lmoe_routed_out_bwd(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, ws + L.dn, dU, err));
 
     /* combine, experts, dispatch */
     float *dp = (float *)(ws + L.dp), *dz = (float *)(ws + L.dz);
@@ -241,11 +307,15 @@ int lmoe_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
     K3RT_TRY(k3rt_grouped_linear_bwd_dev(st, dt, xe, P(LMOE_EX_UP), du, dxe, G(LMOE_EX_UP), off,
                                          K3RT_I64, E, R, l, m, 1, err));
     K3RT_TRY(lmoe_cu_combine(cs, dt, dxe, pos, NULL, N, k, l, dc, err));
-    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_DOWN), dc, dx, G(LMOE_DOWN), NULL, N, d, l, acc,
+    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_DOWN), dc, dx, G(LMOE_DOWN), NULL, N, d, l, 0,
                              err));
 
     /* router */
     K3RT_TRY(lmoe_cu_router_bwd(cs, s, sel, dp, d_scores, N, E, k, f->renormalize, f->rscale, dz,
                               err));
-    return router_bwd(f, a, &L, ws, dz, err);
+    K3RT_TRY(router_bwd(f, a, &L, ws, dz, err));
+    if (f->Hs == 0)
+        return K3RT_OK;
+    K3RT_TRY(shared_end(f, st, sh, err));
+    return lmoe_shared_bwd_dx(f, st, a, ws + L.dsg, ws + L.dsu, 1, err);
 }
