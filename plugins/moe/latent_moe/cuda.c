@@ -9,12 +9,14 @@
  * f32 on every run, and a near-tie routes as it does on the CPU. The router's backward product
  * takes dz rounded to bf16 (its weight gradient accumulates in fp32).
  *
- * Host reads: none. The expert GEMMs take the offsets where the dispatch wrote them
- * (k3rt_grouped_linear_*_dev, i64 on the device), so the routing, the counts and the offsets
- * never leave the device in a layer call; the engine reads the counts once per step. Under
- * bf16 with the CUTLASS grouped GEMM (sm_90, widths multiples of 8, <= 1024 experts) that is
- * no host synchronisation at all; on the core's other grouped path (f32, or a shape CUTLASS
- * does not take) the core copies the offsets to the host inside each grouped call and waits.
+ * Host reads: under bf16 with latent and expert widths multiples of 8 (<= 1024 experts) none:
+ * the expert GEMMs take the offsets where the dispatch wrote them (k3rt_grouped_linear_*_dev,
+ * i64 on the device), which ops.h promises reads nothing back there (the CUTLASS grouped
+ * GEMM on sm_90), so routing, counts and offsets stay on the device and the engine reads the
+ * counts once per step. Otherwise (f32: the tests and CPU comparisons) the core's grouped
+ * GEMM is a loop over host offsets whatever form is called, so the layer copies the offsets
+ * to the host once per call (one wait) for its three products instead of the core copying
+ * them in each.
  *
  * Streams (overlap_shared, with shared experts): the shared experts read only x (forward) and
  * x, dy and their saved parts (backward), so they run on a second stream of the instance while
@@ -24,6 +26,7 @@
  * that needs the shared result (forward: y += sa Wsd^T; backward: dx += dsg Wsg + dsu Wsu),
  * so every later user of the call's stream is ordered after both. Each buffer has one writer
  * and the same order of sums with or without the overlap: the same bits either way. */
+#include <stdlib.h>
 #include <string.h>
 
 #include <k3rt/host.h>
@@ -119,6 +122,8 @@ int lmoe_gpu_check(const latent_moe *f, k3rt_error *err)
 
 int lmoe_gpu_create(latent_moe *f, int overlap_shared, k3rt_error *err)
 {
+    if (!(f->host_offsets = malloc((size_t)(f->E + 1) * sizeof(int64_t))))
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "latent_moe: out of memory");
     if (!overlap_shared || f->Hs == 0)
         return K3RT_OK;
     K3RT_TRY(k3rt_stream_create(f->device, K3RT_STREAM_COMPUTE, &f->side, err));
@@ -131,7 +136,8 @@ void lmoe_gpu_destroy(latent_moe *f)
     k3rt_event_destroy(f->join);
     k3rt_event_destroy(f->fork);
     k3rt_stream_destroy(f->side);
-    f->side = NULL, f->fork = f->join = NULL;
+    free(f->host_offsets);
+    f->side = NULL, f->fork = f->join = NULL, f->host_offsets = NULL;
 }
 
 /* The stream the shared experts run on: the side stream, ordered after the call's work so
@@ -163,6 +169,49 @@ void lmoe_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out)
     out->saved_bytes = L.saved;
     out->workspace_bytes = L.workspace;
     out->state_bytes = 0;
+}
+
+/* Where the three expert products of a call find the offsets: on the device (host NULL), or
+ * in the instance's host copy, read once for the call. */
+typedef struct expert_offsets {
+    const void *dev;
+    const int64_t *host;
+} expert_offsets;
+
+static int offsets_for_call(latent_moe *f, k3rt_stream *st, const void *dev, expert_offsets *o,
+                            k3rt_error *err)
+{
+    o->dev = dev, o->host = NULL;
+    if (f->dtype == K3RT_BF16 && f->l % 8 == 0 && f->m % 8 == 0)
+        return K3RT_OK;
+    K3RT_TRY(k3rt_memcpy(st, f->host_offsets, K3RT_DEVICE_CPU, dev, f->device,
+                         (size_t)(f->E + 1) * sizeof(int64_t), err));
+    K3RT_TRY(k3rt_stream_sync(st, err));
+    o->host = f->host_offsets;
+    return K3RT_OK;
+}
+
+/* y = x_e W_e^T over the R expert-ordered rows. */
+static int experts_fwd(const latent_moe *f, k3rt_stream *st, const expert_offsets *o,
+                       const void *x, const void *w, void *y, int64_t R, int64_t in, int64_t out,
+                       k3rt_error *err)
+{
+    if (o->host)
+        return k3rt_grouped_linear_fwd(st, f->dtype, x, w, y, o->host, f->E, in, out, err);
+    return k3rt_grouped_linear_fwd_dev(st, f->dtype, x, w, y, o->dev, K3RT_I64, f->E, R, in, out,
+                                       err);
+}
+
+/* dx (=|+=) dy_e W_e ; dW_e += dy_e^T x_e. */
+static int experts_bwd(const latent_moe *f, k3rt_stream *st, const expert_offsets *o,
+                       const void *x, const void *w, const void *dy, void *dx, void *dw,
+                       int64_t R, int64_t in, int64_t out, int acc, k3rt_error *err)
+{
+    if (o->host)
+        return k3rt_grouped_linear_bwd(st, f->dtype, x, w, dy, dx, dw, o->host, f->E, in, out,
+                                       acc, err);
+    return k3rt_grouped_linear_bwd_dev(st, f->dtype, x, w, dy, dx, dw, o->dev, K3RT_I64, f->E, R,
+                                       in, out, acc, err);
 }
 
 /* s = sigmoid(x W_r^T) in f32: under bf16 x and W_r are widened first (exactly). */
@@ -220,15 +269,14 @@ int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
     K3RT_TRY(lmoe_cu_dispatch(cs, sel, R, E, ws + L.sort, counts, offsets, pos, src, err));
 
     /* routed experts in the latent space: R rows in expert order, offsets[E] = R (dropless) */
+    expert_offsets o;
+    K3RT_TRY(offsets_for_call(f, st, offsets, &o, err));
     K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LMOE_DOWN), NULL, c, N, d, l, err));
     K3RT_TRY(lmoe_cu_gather(cs, dt, c, src, R, k, l, xe, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd_dev(st, dt, xe, P(LMOE_EX_GATE), g, offsets, K3RT_I64, E, R,
-                                         l, m, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd_dev(st, dt, xe, P(LMOE_EX_UP), u, offsets, K3RT_I64, E, R, l,
-                                         m, err));
+    K3RT_TRY(experts_fwd(f, st, &o, xe, P(LMOE_EX_GATE), g, R, l, m, err));
+    K3RT_TRY(experts_fwd(f, st, &o, xe, P(LMOE_EX_UP), u, R, l, m, err));
     K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, g, u, act, R * m, f->beta1, f->beta2, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd_dev(st, dt, act, P(LMOE_EX_DOWN), ye, offsets, K3RT_I64, E,
-                                         R, m, l, err));
+    K3RT_TRY(experts_fwd(f, st, &o, act, P(LMOE_EX_DOWN), ye, R, m, l, err));
     K3RT_TRY(lmoe_cu_combine(cs, dt, ye, pos, p, N, k, l, U, err));
     K3RT_TRY(lmoe_routed_out(f, st, a, U, sv + L.nrm, sv + L.rstd, err));
     if (f->Hs > 0) {
@@ -295,17 +343,17 @@ int lmoe_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
     void *dye = ws + L.dye, *da = ws + L.da, *dg = ws + L.dg, *du = ws + L.du;
     void *xe = ws + L.xe_b, *dc = ws + L.dc;
     K3RT_TRY(lmoe_cu_combine_bwd(cs, dt, dU, sv + L.ye, pos, p, N, k, l, dp, dye, err));
-    const void *off = sv + L.offsets; /* the forward's, still on the device */
-    K3RT_TRY(k3rt_grouped_linear_bwd_dev(st, dt, sv + L.act, P(LMOE_EX_DOWN), dye, da,
-                                         G(LMOE_EX_DOWN), off, K3RT_I64, E, R, m, l, 0, err));
+    expert_offsets o;  /* the forward's, still on the device */
+    K3RT_TRY(offsets_for_call(f, st, sv + L.offsets, &o, err));
+    K3RT_TRY(experts_bwd(f, st, &o, sv + L.act, P(LMOE_EX_DOWN), dye, da, G(LMOE_EX_DOWN), R, m, l,
+                         0, err));
     K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.g, sv + L.u, da, dg, du, R * m, f->beta1,
                           f->beta2, err));
     K3RT_TRY(lmoe_cu_gather(cs, dt, sv + L.c, src, R, k, l, xe, err));
     void *dxe = dye; /* dye is spent */
-    K3RT_TRY(k3rt_grouped_linear_bwd_dev(st, dt, xe, P(LMOE_EX_GATE), dg, dxe, G(LMOE_EX_GATE), off,
-                                         K3RT_I64, E, R, l, m, 0, err));
-    K3RT_TRY(k3rt_grouped_linear_bwd_dev(st, dt, xe, P(LMOE_EX_UP), du, dxe, G(LMOE_EX_UP), off,
-                                         K3RT_I64, E, R, l, m, 1, err));
+    K3RT_TRY(experts_bwd(f, st, &o, xe, P(LMOE_EX_GATE), dg, dxe, G(LMOE_EX_GATE), R, l, m, 0,
+                         err));
+    K3RT_TRY(experts_bwd(f, st, &o, xe, P(LMOE_EX_UP), du, dxe, G(LMOE_EX_UP), R, l, m, 1, err));
     K3RT_TRY(lmoe_cu_combine(cs, dt, dxe, pos, NULL, N, k, l, dc, err));
     K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_DOWN), dc, dx, G(LMOE_DOWN), NULL, N, d, l, 0,
                              err));

@@ -43,6 +43,7 @@ typedef struct latent_moe {
      * the routed ones, and the events that order it with the call's stream (cuda.c) */
     k3rt_stream *side;
     struct k3rt_event *fork, *join;
+    int64_t *host_offsets; /* [E + 1] CUDA: the expert offsets, when a call reads them (cuda.c) */
 } latent_moe;
 
 /* Byte offsets into the saved buffer (forward -> backward) and the workspace. N = B*T tokens,
