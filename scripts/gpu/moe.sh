@@ -84,6 +84,20 @@ if want train; then
         grep -o '"loss":[^,]*' "$LOGS/train_$d/metrics.jsonl" 2>/dev/null | tr '\n' ' ' | head -c 900
         echo
     done
+    # aux_loss over two micro-batches a step: the GPU's sum is staged on the device and read
+    # once per step (aux_loss_add); it must equal the CPU's
+    aux=(--set train.steps=4 --set plan.dtype='"f32"' --set plan.grad_accum=2
+         --set model.balancer='k3.aux_loss{alpha=0.01}' --no-sample --force)
+    for d in cuda cpu; do
+        run "aux_$d" 60 "$BUILD/bin/k3rt" train "$recipe" "${aux[@]}" --set plan.device="\"$d\"" \
+            --out "$LOGS/aux_$d" || status=1
+    done
+    paste <(grep -o '"aux_loss":[^,]*' "$LOGS/aux_cuda/metrics.jsonl" 2>/dev/null | cut -d: -f2) \
+          <(grep -o '"aux_loss":[^,]*' "$LOGS/aux_cpu/metrics.jsonl" 2>/dev/null | cut -d: -f2) |
+        awk '{ n++; d = $1 - $2; if (d < 0) d = -d; if (!($2 > 0) || d > 1e-6 * $2) bad++
+               printf "aux_loss step %d: cuda %s cpu %s\n", n, $1, $2 }
+             END { if (n == 0 || bad) { print "aux_loss: GPU and CPU differ (or no steps)"; exit 1 } }' \
+        || status=1
 fi
 if want step; then
     # K3-mini (bf16): the LatentMoE rows of --profile summed over the 15 layers, and the step
