@@ -411,10 +411,11 @@ int model_flush_routed(model *m, k3rt_error *err)
                          (size_t)n * sizeof *h, err);
     if (!rc)
         rc = k3rt_stream_sync(m->opt.stream, err);
-    double aux;
-    memcpy(&aux, h, sizeof aux);
-    if (!rc)
+    if (!rc) {
+        double aux;
+        memcpy(&aux, h, sizeof aux);
         m->aux_loss += aux;
+    }
     for (int s = 0; !rc && s < m->routed_used; s++)
         for (int i = 0; i < m->n_layers; i++)
             for (int64_t e = 0; m->routed[i] && e < m->layers[i].experts; e++)
