@@ -13,8 +13,9 @@
 #
 #   scripts/gpu/moe.sh [DIR]        (default .devbuild/moe)
 # The device receives the session's checkout only: from another worktree, copy DIR (as build/),
-# libs/, scripts/gpu/{moe,env}.sh and scripts/bench/moe_tiny.lua into that checkout's ignored
-# .devbuild/moe/, carry ".devbuild/moe" and run .devbuild/moe/scripts/gpu/moe.sh .devbuild/moe/build.
+# libs/, scripts/gpu/{moe,env}.sh, scripts/bench/moe_tiny.lua, scripts/recipes/k3_mini.lua and
+# data/tinyshakespeare.txt into that checkout's ignored .devbuild/moe/, carry ".devbuild/moe"
+# and run .devbuild/moe/scripts/gpu/moe.sh .devbuild/moe/build.
 # Logs go to MOE_LOGS (default /tmp/moe-logs) and, packed, to $OUT/moe_logs.tgz (the device
 # returns few files). MOE_SECTIONS (default "tests check memcheck train step") picks the
 # sections, run in that order; MOE_BUDGET_S (default 480) is the whole script's seconds: a
