@@ -353,6 +353,15 @@ static void check_aux_loss(check_ctx *c)
     }
     rms = sqrt(rms / (double)(ns ? ns : 1));
     int scale_ok = !rc && r.loss == loss1 && scale_err <= 1e-6 * (2 * rms + 1e-30);
+    /* the device form, where present: the same loss added into a sum, the same d_scores */
+    int has_add = c->e->vt.balancer.aux_loss_add != NULL, add_ok = 1;
+    double sum = 0.5, host_sum = 0;
+    if (!rc && scale_ok && has_add) {
+        k3rt_tensor st = k3rt_tensor_view(&sum, K3RT_F64, K3RT_DEVICE_CPU, 1, 1, 0, 0, 0);
+        rc = rig_aux_loss_add(&r.m, &rt, 1.0, st, &host_sum, ds, &err);
+        add_ok = !rc && sum == 0.5 + loss1 && host_sum == 0 &&
+                 !memcmp(r.ds, g, (size_t)ns * sizeof *g);
+    }
     k3rt_rng pick;
     k3rt_rng_seed(&pick, c->seed, 0xa0c5ull);
     int checked = 0;
@@ -381,11 +390,15 @@ static void check_aux_loss(check_ctx *c)
     else if (!scale_ok)
         ck_report(c, CK_FAIL, "aux loss", "with scale 2 the loss must stay (%.9g, got %.9g) and "
                   "d_scores double (largest error %.3g)", loss1, r.loss, scale_err);
+    else if (!add_ok)
+        ck_report(c, CK_FAIL, "aux loss", "aux_loss_add must add aux_loss's value into the sum "
+                  "(0.5 + %.17g, got %.17g) and write the same d_scores", loss1, sum);
     else
         ck_report(c, worst <= tol ? CK_PASS : CK_FAIL, "aux loss",
                   "loss %.6g; %d entries of d_scores against central differences, worst "
-                  "relative error %.2e (tolerance %.0e): %s; scale 2 doubles d_scores", loss1,
-                  checked, worst, tol, what);
+                  "relative error %.2e (tolerance %.0e): %s; scale 2 doubles d_scores%s", loss1,
+                  checked, worst, tol, what,
+                  has_add ? "; aux_loss_add adds the same loss, the same d_scores" : "");
     free(g);
     bal_close(&r);
 }

@@ -88,14 +88,19 @@ typedef struct model {
     void *act;               /* one arena */
     size_t act_bytes;
     struct model_acts *a;
-    double aux_loss;         /* balancers' auxiliary loss of the last forward */
+    double aux_loss;         /* balancers' auxiliary loss (already weighted) summed over the
+                                training forwards since model_reset_routed: on a GPU the part
+                                staged in aux_stage arrives with model_flush_routed */
     int64_t **routed;        /* per layer [experts]: tokens routed since model_reset_routed
                                 (training forwards only); NULL for dense layers */
     /* On a GPU the counts of every training forward are copied on the device into one slot of
      * routed_stage ([MODEL_ROUTED_SLOTS][routed_width] i64) and read into `routed` once, by
      * model_flush_routed at the end of the step (or when the slots run out), so no micro-batch
-     * waits for them. routed_at[layer] is a layer's offset in a slot. */
+     * waits for them. routed_at[layer] is a layer's offset in a slot. aux_stage, one f64 just
+     * before the slots in the same allocation, sums the balancers' auxiliary losses of those
+     * forwards (aux_loss_add) and comes back with the same copy. */
     int64_t *routed_stage, *routed_at, routed_width;
+    double *aux_stage;
     int routed_used;
     struct profile *prof;    /* set by the trainer during a profiled step, else NULL
                                 (model/profile.h) */
@@ -130,15 +135,16 @@ void model_zero_grads(model *m);
 /* Refreshes the compute copies of the weights from the master weights (after every optimizer
  * step and checkpoint load; nothing to do when the two dtypes agree). */
 int model_sync_compute(model *m, k3rt_error *err);
-/* Zeroes the per-layer routing counters (start of an optimizer step). */
+/* Zeroes the per-layer routing counters and aux_loss (start of an optimizer step). */
 void model_reset_routed(model *m);
-/* Adds the counts staged on the device into `routed` (one copy and one wait; nothing to do on
- * the CPU): before `routed` is read. */
+/* Adds the counts staged on the device into `routed` and the staged auxiliary loss into
+ * aux_loss (one copy and one wait; nothing to do on the CPU): before either is read. */
 int model_flush_routed(model *m, k3rt_error *err);
 
 /* One micro-batch of training: forward, loss, backward. Gradients accumulate scaled by
  * grad_scale per token (1 / tokens of the whole step). *loss_sum gets the summed token loss
- * (the balancers' auxiliary loss, already weighted, is added per micro-batch in m->aux_loss). */
+ * (the balancers' auxiliary loss, already weighted, is added into m->aux_loss: on a GPU at
+ * model_flush_routed). */
 int model_train_step(model *m, const int32_t *tokens, const int32_t *targets, double grad_scale,
                      double aux_scale, double *loss_sum, k3rt_error *err);
 /* Forward only: summed loss over targets >= 0 and their count. */

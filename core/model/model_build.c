@@ -382,9 +382,12 @@ static int alloc_routed(model *m, k3rt_error *err)
         }
     if (m->opt.device == K3RT_DEVICE_CPU || m->routed_width == 0)
         return K3RT_OK;
-    size_t bytes = (size_t)(MODEL_ROUTED_SLOTS * m->routed_width) * sizeof(int64_t);
-    m->routed_stage = k3rt_alloc(m->opt.device, bytes, err);
-    return m->routed_stage ? K3RT_OK : err->code;
+    size_t bytes = (size_t)(1 + MODEL_ROUTED_SLOTS * m->routed_width) * sizeof(int64_t);
+    m->aux_stage = k3rt_alloc(m->opt.device, bytes, err);
+    if (!m->aux_stage)
+        return err->code;
+    m->routed_stage = (int64_t *)(m->aux_stage + 1);  /* the slots follow the one double */
+    return K3RT_OK;
 }
 
 void model_reset_routed(model *m)
@@ -393,23 +396,30 @@ void model_reset_routed(model *m)
         if (m->routed[i])
             memset(m->routed[i], 0, (size_t)m->layers[i].experts * sizeof(int64_t));
     m->routed_used = 0;
+    m->aux_loss = 0;
 }
 
 int model_flush_routed(model *m, k3rt_error *err)
 {
     if (!m->routed_used)
         return K3RT_OK;
-    int64_t n = m->routed_used * m->routed_width, *h = malloc((size_t)n * sizeof *h);
+    /* one copy of the staged auxiliary loss and the used slots behind it */
+    int64_t n = 1 + m->routed_used * m->routed_width, *h = malloc((size_t)n * sizeof *h);
     if (!h)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
-    int rc = k3rt_memcpy(m->opt.stream, h, K3RT_DEVICE_CPU, m->routed_stage, m->opt.device,
+    int rc = k3rt_memcpy(m->opt.stream, h, K3RT_DEVICE_CPU, m->aux_stage, m->opt.device,
                          (size_t)n * sizeof *h, err);
     if (!rc)
         rc = k3rt_stream_sync(m->opt.stream, err);
+    if (!rc) {
+        double aux;
+        memcpy(&aux, h, sizeof aux);
+        m->aux_loss += aux;
+    }
     for (int s = 0; !rc && s < m->routed_used; s++)
         for (int i = 0; i < m->n_layers; i++)
             for (int64_t e = 0; m->routed[i] && e < m->layers[i].experts; e++)
-                m->routed[i][e] += h[s * m->routed_width + m->routed_at[i] + e];
+                m->routed[i][e] += h[1 + s * m->routed_width + m->routed_at[i] + e];
     free(h);
     m->routed_used = 0;
     return rc;
@@ -479,7 +489,7 @@ void model_free(model *m)
             free(m->routed[i]);
     free(m->routed);
     free(m->routed_at);
-    k3rt_free(m->opt.device, m->routed_stage);
+    k3rt_free(m->opt.device, m->aux_stage);  /* routed_stage lies inside it */
     free(m->layers);
     free(m->params);
     k3rt_free(m->opt.device, m->param_buf);

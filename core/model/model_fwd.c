@@ -163,12 +163,13 @@ static int sublayer_forward(model *m, int s, int training, double aux_scale, k3r
     K3RT_TRY(add_counts(m, s / 2, &routing->counts, err));
     K3RT_TRY(rig_observe(bal, routing, err));
     if (rig_has_aux_loss(bal)) {
-        double loss = 0;
         int64_t N = m->B * m->T;
         k3rt_tensor ds = k3rt_tensor_view(m->a->d_scores[s / 2], K3RT_F32, m->opt.device, 2, N,
                                           L->experts, 0, 0);
-        K3RT_TRY(rig_aux_loss(bal, routing, aux_scale, &loss, ds, err));
-        m->aux_loss += loss;
+        /* the sum stays where the run computes: staged on a GPU, read once per step */
+        double *sum = m->opt.device == K3RT_DEVICE_CPU ? &m->aux_loss : m->aux_stage;
+        k3rt_tensor sum_t = k3rt_tensor_view(sum, K3RT_F64, m->opt.device, 1, 1, 0, 0, 0);
+        K3RT_TRY(rig_aux_loss_add(bal, routing, aux_scale, sum_t, &m->aux_loss, ds, err));
     }
     return prof_end(m->prof, err);
 }
@@ -206,11 +207,11 @@ static int forward_body(model *m, const int32_t *tokens, int training, double au
                                 m->vocab, m->d, err));
     K3RT_TRY(prof_end(m->prof, err));
     K3RT_TRY(residual_call(m, RIG_BEGIN, 0, a->h0, err));
-    m->aux_loss = 0;
     if (training && m->routed_stage) {  /* this forward's slot of routed counts */
         if (m->routed_used == MODEL_ROUTED_SLOTS)
             K3RT_TRY(model_flush_routed(m, err));
-        m->routed_used++;
+        if (m->routed_used++ == 0)  /* a new round of slots: its auxiliary loss from zero */
+            K3RT_TRY(k3rt_memset(st, m->aux_stage, m->opt.device, 0, sizeof *m->aux_stage, err));
     }
     for (int s = 0; s < 2 * m->n_layers; s++) {
         void *hs = model_sub(m, a->hs, s);

@@ -76,6 +76,8 @@ static const char *missing_required(const plugin_entry *e)
         return NULL;
     }
     case K3RT_KIND_BALANCER:
+        if (e->vt.balancer.aux_loss_add && !e->vt.balancer.aux_loss)
+            return "aux_loss (aux_loss_add is its device form, not a replacement)";
         return !e->vt.balancer.bias ? "bias" : !e->vt.balancer.update ? "update" : NULL;
     case K3RT_KIND_OPTIMIZER: return !e->vt.optimizer.step ? "step" : NULL;
     case K3RT_KIND_RESIDUAL: {

@@ -141,12 +141,16 @@ int rig_has_residual(const rig *r, rig_residual_call call);
 int rig_residual(rig *r, rig_residual_call call, k3rt_residual_args *a, k3rt_error *err);
 
 /* Balancer calls. */
-/* 1 when the balancer adds an auxiliary loss (it provides aux_loss). */
+/* 1 when the balancer adds an auxiliary loss (it provides aux_loss or aux_loss_add). */
 int rig_has_aux_loss(const rig *r);
 int rig_bias(rig *r, k3rt_tensor *out, k3rt_error *err);
 int rig_observe(rig *r, const k3rt_routing *routing, k3rt_error *err);
 int rig_aux_loss(rig *r, const k3rt_routing *routing, double scale, double *loss,
                  k3rt_tensor d_scores, k3rt_error *err);
+/* The loss added into loss_sum (f64 [1] on the rig's device) by aux_loss_add, nothing read
+ * back; a balancer with only aux_loss adds its host value into *host_sum instead. */
+int rig_aux_loss_add(rig *r, const k3rt_routing *routing, double scale, k3rt_tensor loss_sum,
+                     double *host_sum, k3rt_tensor d_scores, k3rt_error *err);
 int rig_update(rig *r, k3rt_comm *dp, int64_t step, k3rt_error *err);
 
 /* Optimizer calls; the parameters must be the ones given at create. */

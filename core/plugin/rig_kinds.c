@@ -190,23 +190,49 @@ int rig_observe(rig *r, const k3rt_routing *routing, k3rt_error *err)
 
 int rig_has_aux_loss(const rig *r)
 {
-    return r->kind == K3RT_KIND_BALANCER && r->e->vt.balancer.aux_loss != NULL;
+    return r->kind == K3RT_KIND_BALANCER &&
+           (r->e->vt.balancer.aux_loss != NULL || r->e->vt.balancer.aux_loss_add != NULL);
+}
+
+/* The checks both forms of the auxiliary loss share. */
+static int expect_aux(const rig *r, const char *call, int present,
+                      const k3rt_routing *routing, const k3rt_tensor *d_scores, k3rt_error *err)
+{
+    K3RT_TRY(expect_balancer(r, call, err));
+    if (!present)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "%s: the balancer has no %s()", r->where,
+                         call);
+    K3RT_TRY(expect_routing(r, routing, err));
+    const int64_t ds[2] = {routing->batch * routing->seq, r->experts};
+    return rig_expect(r, d_scores, "d_scores", K3RT_F32, 2, ds, err);
 }
 
 int rig_aux_loss(rig *r, const k3rt_routing *routing, double scale, double *loss,
                  k3rt_tensor d_scores, k3rt_error *err)
 {
-    K3RT_TRY(expect_balancer(r, "aux_loss", err));
     *loss = 0;
-    if (!r->e->vt.balancer.aux_loss)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "%s: the balancer has no aux_loss()",
-                         r->where);
-    K3RT_TRY(expect_routing(r, routing, err));
-    const int64_t ds[2] = {routing->batch * routing->seq, r->experts};
-    K3RT_TRY(rig_expect(r, &d_scores, "d_scores", K3RT_F32, 2, ds, err));
+    K3RT_TRY(expect_aux(r, "aux_loss", r->e->vt.balancer.aux_loss != NULL, routing, &d_scores,
+                        err));
     return rig_fail(r, r->e->vt.balancer.aux_loss(r->self, r->stream, routing, scale, loss,
                                                   d_scores, err), err);
 }
+
+int rig_aux_loss_add(rig *r, const k3rt_routing *routing, double scale, k3rt_tensor loss_sum,
+                     double *host_sum, k3rt_tensor d_scores, k3rt_error *err)
+{
+    if (!r->e->vt.balancer.aux_loss_add) {  /* an ABI 2.0 balancer: the host value */
+        double loss;
+        K3RT_TRY(rig_aux_loss(r, routing, scale, &loss, d_scores, err));
+        *host_sum += loss;
+        return K3RT_OK;
+    }
+    K3RT_TRY(expect_aux(r, "aux_loss_add", 1, routing, &d_scores, err));
+    const int64_t one[1] = {1};
+    K3RT_TRY(rig_expect(r, &loss_sum, "loss_sum", K3RT_F64, 1, one, err));
+    return rig_fail(r, r->e->vt.balancer.aux_loss_add(r->self, r->stream, routing, scale,
+                                                      loss_sum, d_scores, err), err);
+}
+
 
 int rig_update(rig *r, k3rt_comm *dp, int64_t step, k3rt_error *err)
 {

@@ -98,11 +98,11 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
         K3RT_TRY(model_train_step(m, in, tg, 1.0 / (double)(N * r->accum),
                                   1.0 / (double)r->accum, &ls, err));
         sums[0] += ls / (double)(N * r->accum);
-        sums[1] += m->aux_loss / (double)r->accum;
     }
     K3RT_TRY(all_reduce(c, m->grad_buf, m->total_numel, m->master_dtype, K3RT_REDUCE_AVG, err));
+    PROF_TRY(m->prof, PROF_STATS, gather_stats(c, err));  /* also brings the auxiliary loss */
+    sums[1] = m->aux_loss / (double)r->accum;
     K3RT_TRY(all_reduce(c, sums, 2, K3RT_F64, K3RT_REDUCE_AVG, err));
-    PROF_TRY(m->prof, PROF_STATS, gather_stats(c, err));
     double ss;
     K3RT_TRY(prof_begin(m->prof, PROF_GRAD_NORM, err));
     K3RT_TRY(k3rt_sum_squares(c->stream, m->master_dtype, m->grad_buf, m->total_numel, &ss, err));

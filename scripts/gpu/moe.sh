@@ -4,28 +4,33 @@
 # aux_loss against the CPU), both under compute-sanitizer memcheck at small shapes, `k3rt
 # check-plugin` for latent_moe and each balancer, and a short training of
 # scripts/bench/moe_tiny.lua on the GPU (f32) beside the same run on the CPU, with a balancer
-# swapped in mid-run (train.changes). Builds nothing: the build machine fills DIR with
-# scripts/gpu/pack.sh build-cuda .devbuild/moe gpu_test_latent_moe_cuda gpu_test_balancers_cuda
+# swapped in mid-run (train.changes), the core's grouped-GEMM and training-step GPU tests, and
+# (section "step") K3-mini's step under --profile with the shared experts on their own stream
+# and on the call's stream, and with the aux_loss balancer. Builds nothing: the build machine
+# fills DIR with
+# scripts/gpu/pack.sh build-cuda .devbuild/moe gpu_test_latent_moe_cuda gpu_test_balancers_cuda \
+#     gpu_test_cuda_ops gpu_test_train_step
 #
 #   scripts/gpu/moe.sh [DIR]        (default .devbuild/moe)
 # The device receives the session's checkout only: from another worktree, copy DIR (as build/),
-# libs/, scripts/gpu/{moe,env}.sh and scripts/bench/moe_tiny.lua into that checkout's ignored
-# .devbuild/moe/, carry ".devbuild/moe" and run .devbuild/moe/scripts/gpu/moe.sh .devbuild/moe/build.
+# libs/, scripts/gpu/{moe,env}.sh, scripts/bench/moe_tiny.lua, scripts/recipes/k3_mini.lua and
+# data/tinyshakespeare.txt into that checkout's ignored .devbuild/moe/, carry ".devbuild/moe"
+# and run .devbuild/moe/scripts/gpu/moe.sh .devbuild/moe/build.
 # Logs go to MOE_LOGS (default /tmp/moe-logs) and, packed, to $OUT/moe_logs.tgz (the device
-# returns few files). MOE_SECTIONS (default "tests check memcheck train") picks the sections,
-# run in that order; MOE_BUDGET_S (default 170) is the whole script's seconds: a command gets
-# what is left, and a section that no longer fits is skipped and said so.
+# returns few files). MOE_SECTIONS (default "tests check memcheck train step") picks the
+# sections, run in that order; MOE_BUDGET_S (default 480) is the whole script's seconds: a
+# command gets what is left, and a section that no longer fits is skipped and said so.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "${1:-$ROOT/.devbuild/moe}" && pwd)
 LOGS=${MOE_LOGS:-/tmp/moe-logs}
 mkdir -p "$LOGS"
 START=$(date +%s)
-BUDGET=${MOE_BUDGET_S:-170}
+BUDGET=${MOE_BUDGET_S:-480}
 . "$ROOT/scripts/gpu/env.sh"
 export K3RT_PLUGIN_PATH=$BUILD/plugins K3RT_BIN=$BUILD/bin/k3rt K3RT_SOURCE_DIR=$ROOT
 export CK_DEFAULT_TIMEOUT=600 K3RT_THREADS=8
-want() { case " ${MOE_SECTIONS:-tests check memcheck train} " in *" $1 "*) return 0 ;; esac; return 1; }
+want() { case " ${MOE_SECTIONS:-tests check memcheck train step} " in *" $1 "*) return 0 ;; esac; return 1; }
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 run() {  # run NAME SECONDS COMMAND...: the log in $LOGS/NAME.log, a one-line verdict here
     local name=$1 limit=$2 t0=$(date +%s)
@@ -44,6 +49,11 @@ if want tests; then
     grep -E "FAILED|Checks" "$LOGS/test_latent_moe_cuda.log" | head -20
     run test_balancers_cuda 60 "$BUILD/bin/gpu_test_balancers_cuda" || status=1
     grep -E "FAILED|Checks" "$LOGS/test_balancers_cuda.log" | head -20
+    for t in gpu_test_cuda_ops gpu_test_train_step; do  # the grouped GEMMs; a whole step
+        [ -x "$BUILD/bin/$t" ] || { echo "$t: not in $BUILD/bin (pack it)"; status=1; continue; }
+        run "$t" 90 "$BUILD/bin/$t" || status=1
+        grep -E "FAILED|Checks" "$LOGS/$t.log" | head -10
+    done
 fi
 if want check; then
     for spec in "latent_moe" "quantile" "quantile --config {\"mode\":\"exact\"}" "aux_free" \
@@ -74,6 +84,35 @@ if want train; then
         echo "$d losses:"
         grep -o '"loss":[^,]*' "$LOGS/train_$d/metrics.jsonl" 2>/dev/null | tr '\n' ' ' | head -c 900
         echo
+    done
+    # aux_loss over two micro-batches a step: the GPU's sum is staged on the device and read
+    # once per step (aux_loss_add); it must equal the CPU's
+    aux=(--set train.steps=4 --set plan.dtype='"f32"' --set plan.grad_accum=2
+         --set model.balancer='k3.aux_loss{alpha=0.01}' --no-sample --force)
+    for d in cuda cpu; do
+        run "aux_$d" 60 "$BUILD/bin/k3rt" train "$recipe" "${aux[@]}" --set plan.device="\"$d\"" \
+            --out "$LOGS/aux_$d" || status=1
+    done
+    paste <(grep -o '"aux_loss":[^,]*' "$LOGS/aux_cuda/metrics.jsonl" 2>/dev/null | cut -d: -f2) \
+          <(grep -o '"aux_loss":[^,]*' "$LOGS/aux_cpu/metrics.jsonl" 2>/dev/null | cut -d: -f2) |
+        awk '{ n++; d = $1 - $2; if (d < 0) d = -d; if (!($2 > 0) || d > 1e-6 * $2) bad++
+               printf "aux_loss step %d: cuda %s cpu %s\n", n, $1, $2 }
+             END { if (n == 0 || bad) { print "aux_loss: GPU and CPU differ (or no steps)"; exit 1 } }' \
+        || status=1
+fi
+if want step; then
+    # K3-mini (bf16): the LatentMoE rows of --profile summed over the 15 layers, and the step
+    step=(train "$ROOT/scripts/recipes/k3_mini.lua" --set train.steps=6 --set train.log_interval=1
+          --set train.eval_interval=1000 --set train.checkpoint_interval=1000 --no-sample
+          --force --profile 3)
+    for v in "overlap:" "one_stream:--set model.ffn.overlap_shared=false" \
+             "aux_loss:--set model.balancer=k3.aux_loss{}"; do
+        name=step_${v%%:*}
+        run "$name" 150 "$BUILD/bin/k3rt" "${step[@]}" ${v#*:} --out "$LOGS/$name" || status=1
+        awk -v n="$name" '/\(latent_moe\)/ { ms[$(NF-3)] += $(NF-1) }
+            /step \(wall\)/ { wall = $NF }
+            END { printf "%s: latent_moe forward %.1f ms, backward %.1f ms (15 layers), step %s ms\n",
+                  n, ms["forward"], ms["backward"], wall }' "$LOGS/$name.log"
     done
 fi
 tar czf "${OUT:-$ROOT}/moe_logs.tgz" -C "$LOGS" --exclude=checkpoints . 2>/dev/null

@@ -9,7 +9,9 @@
  *     r_(q-1)); with 1000 bins the order statistics' spacing at these batch sizes exceeds w,
  *     so that distance is printed, not asserted;
  *   aux_free: the bias equal bit for bit;
- *   aux_loss: the loss to 1e-12 relative and d_scores (poisoned first) to 1e-6 relative rms.
+ *   aux_loss: the loss to 1e-12 relative and d_scores (poisoned first) to 1e-6 relative rms;
+ *     its device form aux_loss_add adds the same loss bit for bit into a device sum and
+ *     writes the same d_scores bytes.
  * A balancer swapped mid-run: after two steps of quantile both sides install aux_free (fresh
  * instances, as model_set_balancer does) and continue. The device sequence run twice gives the
  * same bits. Exit: 1 on a failed check, 77 without a CUDA device. Runs without fork.
@@ -126,7 +128,36 @@ static k3rt_routing routing_of(const batch *x, int device)
     return g;
 }
 
-/* One micro-batch into a balancer; aux_loss's loss and d_scores (host copies) when it has one. */
+/* aux_loss_add, the form a GPU run calls: into a device sum holding 0.25 it adds exactly the
+ * loss aux_loss returned (same kernels, so the same bits), and it writes the same d_scores
+ * into a poisoned buffer; no host value comes back. */
+static void add_form(bal *b, const k3rt_routing *g, double loss, const float *ds_host,
+                     size_t bytes)
+{
+    k3rt_error err = {0};
+    if (!b->m.e->vt.balancer.aux_loss_add)
+        gk_fail("%s: no aux_loss_add on CUDA", b->m.e->desc.name);
+    const double start = 0.25;
+    double host = 0;
+    void *sum = gk_dev_copy(&start, sizeof start), *ds2 = gk_alloc(bytes);
+    gk_poison(ds2, bytes);
+    k3rt_tensor st = k3rt_tensor_view(sum, K3RT_F64, b->device, 1, 1, 0, 0, 0);
+    k3rt_tensor t2 = k3rt_tensor_view(ds2, K3RT_F32, b->device, 2, g->batch * g->seq,
+                                      g->experts, 0, 0);
+    TU_OK(rig_aux_loss_add(&b->m, g, 0.5, st, &host, t2, &err), err);
+    double *got = gk_get_raw(sum, sizeof(double));
+    void *ds_add = gk_get_raw(ds2, bytes);
+    if (*got != start + loss || host != 0)
+        gk_fail("aux_loss_add: device sum %.17g, expected 0.25 + %.17g (host sum %g)", *got,
+                loss, host);
+    if (memcmp(ds_host, ds_add, bytes))
+        gk_fail("aux_loss_add: d_scores differ from aux_loss's");
+    free(got), free(ds_add);
+    k3rt_free(GK_DEV, sum), k3rt_free(GK_DEV, ds2);
+}
+
+/* One micro-batch into a balancer; aux_loss's loss and d_scores (host copies) when it has one;
+ * on the device also aux_loss_add against them. */
 static void feed(bal *b, const batch *x, double *loss, float *ds_host)
 {
     k3rt_error err = {0};
@@ -145,6 +176,7 @@ static void feed(bal *b, const batch *x, double *loss, float *ds_host)
         void *h = gk_get_raw(ds, bytes);
         memcpy(ds_host, h, bytes);
         free(h);
+        add_form(b, &g, *loss, ds_host, bytes);
         k3rt_free(GK_DEV, ds);
     }
 }

@@ -14,7 +14,9 @@
  *      x) / rms(ref) <= 1e-5 (f32) or 2e-2 (bf16). Latent and hidden widths not multiples of
  *      64 (f32) and K3-mini's shapes (bf16: d 1024, 64 experts top-8, latent 512, expert
  *      hidden 768, one shared expert of 1024). Outputs, saved parts and workspace poisoned
- *      first; a second run of every case gives the same bits (the deterministic combine).
+ *      first; a second run of every case gives the same bits (the deterministic combine), and
+ *      so does a run with the shared experts on the call's stream (overlap_shared false)
+ *      instead of the instance's second stream.
  * Exit: 1 when a check fails; 77 (skipped) without a CUDA device. Runs without fork.
  * K3RT_MOE_TEST_SMALL=1 leaves out the K3-mini shape (for compute-sanitizer). */
 #include "gpu_testkit.h"
@@ -414,7 +416,28 @@ static void layer_case(const moe_case *c, int dtype)
     side_run(&dev, c);
     void *s2 = snapshot(&dev, &in, &b2);
     gk_same_bytes(where, "y, dx and the gradients", s1, s2, b1);
-    free(s1), free(s2);
+    free(s2);
+
+    /* the shared experts on the call's stream instead of the side stream: the same bits */
+    if (c->shared > 0) {
+        char cfg1[560];
+        snprintf(cfg1, sizeof cfg1, "%.*s, \"overlap_shared\": false}", (int)strlen(cfg) - 1,
+                 cfg);
+        moe_side one;
+        side_init(&one, c, cfg1, dtype, GK_DEV, &in);
+        dev_poison_all(&one, &in);
+        side_run(&one, c);
+        size_t b3;
+        void *s3 = snapshot(&one, &in, &b3);
+        if (b3 != b1 || memcmp(s1, s3, b1))
+            gk_fail("%s: y, dx or a gradient differs between overlap_shared true and false",
+                    where);
+        else
+            printf("  %-64s overlap_shared false: the same bits\n", where);
+        free(s3);
+        side_free(&one);
+    }
+    free(s1);
 
     side_free(&ref);
     side_free(&dev);

@@ -171,6 +171,48 @@ START_TEST(aux_loss_value_and_gradient)
 }
 END_TEST
 
+/* aux_loss_add, the form the engine calls: it adds into the sum exactly the value aux_loss
+ * returns and writes the same d_scores (both poisoned first), over two micro-batches. */
+START_TEST(aux_loss_add_matches_aux_loss)
+{
+    enum { E = 5, K = 2 };
+    k3rt_error err = {0};
+    rig m;
+    TU_OK(bk_create(&m, "aux_loss", "{\"alpha\": 0.01}", E, K, NULL, NULL, &err), err);
+    ck_assert_ptr_nonnull(m.e->vt.balancer.aux_loss_add);
+    double off[E] = {-0.8, -0.1, 0, 0.3, 0.9};
+    k3rt_rng rng;
+    k3rt_rng_seed(&rng, 11, 0);
+    bk_batch b;
+    bk_batch_alloc(&b, 2, 7, E, K);
+    float zero[E] = {0};
+    float *ds = malloc((size_t)(b.N * E) * sizeof(float));
+    float *ds_add = malloc((size_t)(b.N * E) * sizeof(float));
+    double sum = 0.25, host = 0, want = 0.25;  /* sum starts where an earlier layer left it */
+    k3rt_tensor sum_t = k3rt_tensor_view(&sum, K3RT_F64, K3RT_DEVICE_CPU, 1, 1, 0, 0, 0);
+    k3rt_tensor dt = k3rt_tensor_view(ds_add, K3RT_F32, K3RT_DEVICE_CPU, 2, b.N, E, 0, 0);
+    for (int micro = 0; micro < 2; micro++) {
+        bk_scores(&b, off, 1.0, &rng);
+        bk_route(&b, zero);
+        for (int64_t i = 0; i < b.N * E; i++)
+            ds[i] = ds_add[i] = NAN;
+        want += aux_value(&m, &b, 0.5, ds);
+        TU_OK(rig_aux_loss_add(&m, &b.r, 0.5, sum_t, &host, dt, &err), err);
+        ck_assert_msg(sum == want, "sum %.17g, expected %.17g", sum, want);
+        ck_assert(host == 0);  /* the host sum is only for balancers without the device form */
+        ck_assert(memcmp(ds, ds_add, (size_t)(b.N * E) * sizeof(float)) == 0);
+    }
+    ck_assert(want > 0.25);
+    /* the sum must be one f64 on the balancer's device */
+    k3rt_tensor bad = k3rt_tensor_view(&sum, K3RT_F32, K3RT_DEVICE_CPU, 1, 1, 0, 0, 0);
+    ck_assert_int_eq(rig_aux_loss_add(&m, &b.r, 0.5, bad, &host, dt, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "loss_sum") != NULL, "%s", err.msg);
+    free(ds), free(ds_add);
+    bk_batch_free(&b);
+    rig_destroy(&m);
+}
+END_TEST
+
 /* ---- the synthetic skewed router ----------------------------------------------------------- */
 
 /* MaxVio after `updates` steps of fresh tokens through a router with fixed per-expert logit
@@ -347,6 +389,7 @@ int main(void)
     tcase_add_test(tc, aux_free_sign_update);
     tcase_add_test(tc, aux_free_counts_are_global);
     tcase_add_test(tc, aux_loss_value_and_gradient);
+    tcase_add_test(tc, aux_loss_add_matches_aux_loss);
     tcase_add_test(tc, skewed_router_50_updates);
     tcase_add_test(tc, state_round_trips);
     tcase_add_test(tc, reset_drops_an_unfinished_step);

@@ -8,8 +8,9 @@
  * and, with F_t = sum_i f_i s_it / S_t,
  *   dL/ds_jt = alpha / (T S_t) * (f_j - F_t)         (reaches all E scores of every token)
  *
- * On CUDA the loads, the gradient and the loss are computed on the device (bal_cuda.h); the
- * ABI hands the loss back as a host double, so each call waits for that one number. */
+ * On CUDA the loads, the gradient and the loss are computed on the device (bal_cuda.h).
+ * aux_loss hands the loss back as a host double, so that call waits for the one number;
+ * aux_loss_add (what the engine calls) adds it into a device sum and waits for nothing. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,36 +84,36 @@ static int al_bias(void *self, k3rt_tensor *out, k3rt_error *err)
 }
 
 #ifdef K3RT_PLUGIN_HAVE_CUDA
-static int aux_loss_loss_gpu(aux_loss *b, k3rt_stream *st, const k3rt_routing *r, double scale,
-                       double *loss, k3rt_tensor d_scores, k3rt_error *err)
+/* The loss into loss_dev (one device double): added to it (accumulate) or written. */
+static int loss_gpu(aux_loss *b, k3rt_stream *st, const k3rt_routing *r, double scale,
+                    double *loss_dev, int accumulate, k3rt_tensor d_scores, k3rt_error *err)
+{
+    K3RT_TRY(bal_cu_enter(b->device, err));
+    return aux_loss_cu_loss(k3rt_stream_native(st), r->scores.data, r->selected.data, r->batch,
+                            r->seq, b->E, b->k, b->alpha, scale, b->scratch, d_scores.data,
+                            loss_dev, accumulate, err);
+}
+
+/* Grows the device scratch to this micro-batch's loads and per-token sums, plus one double
+ * at its end for aux_loss's host read. */
+static int scratch_gpu(aux_loss *b, const k3rt_routing *r, k3rt_error *err)
 {
     int64_t need = aux_loss_cu_scratch(r->batch, r->seq, b->E) + (int64_t)sizeof(double);
+    if (need <= b->scratch_bytes)
+        return K3RT_OK;
     K3RT_TRY(bal_cu_enter(b->device, err));
-    if (need > b->scratch_bytes) {
-        k3rt_free(b->device, b->scratch); /* earlier work on it is ordered before the next */
-        b->scratch_bytes = 0;
-        if (!(b->scratch = k3rt_alloc(b->device, (size_t)need, err)))
-            return err->code ? err->code : K3RT_ERR_NOMEM;
-        b->scratch_bytes = need;
-    }
-    double *loss_dev = (double *)((char *)b->scratch + need - (int64_t)sizeof(double));
-    K3RT_TRY(aux_loss_cu_loss(k3rt_stream_native(st), r->scores.data, r->selected.data, r->batch,
-                        r->seq, b->E, b->k, b->alpha, scale, b->scratch, d_scores.data,
-                        loss_dev, err));
-    K3RT_TRY(k3rt_memcpy(st, loss, K3RT_DEVICE_CPU, loss_dev, b->device, sizeof *loss, err));
-    return k3rt_stream_sync(st, err);
+    k3rt_free(b->device, b->scratch); /* earlier work on it is ordered before the next */
+    b->scratch_bytes = 0;
+    if (!(b->scratch = k3rt_alloc(b->device, (size_t)need, err)))
+        return err->code ? err->code : K3RT_ERR_NOMEM;
+    b->scratch_bytes = need;
+    return K3RT_OK;
 }
 #endif
 
-static int aux_loss_loss(void *self, k3rt_stream *st, const k3rt_routing *r, double scale,
-                   double *loss, k3rt_tensor d_scores, k3rt_error *err)
+/* The CPU loop: writes d_scores and returns the loss. */
+static double loss_cpu(aux_loss *b, const k3rt_routing *r, double scale, k3rt_tensor d_scores)
 {
-    aux_loss *b = self;
-#ifdef K3RT_PLUGIN_HAVE_CUDA
-    if (b->device != K3RT_DEVICE_CPU)
-        return aux_loss_loss_gpu(b, st, r, scale, loss, d_scores, err);
-#endif
-    (void)st, (void)err;
     const float *s = r->scores.data;
     const int32_t *sel = r->selected.data;
     float *ds = d_scores.data;
@@ -145,7 +146,39 @@ static int aux_loss_loss(void *self, k3rt_stream *st, const k3rt_routing *r, dou
         }
         total += b->alpha * lq / (double)T;
     }
-    *loss = total / (double)B;
+    return total / (double)B;
+}
+
+static int aux_loss_loss(void *self, k3rt_stream *st, const k3rt_routing *r, double scale,
+                         double *loss, k3rt_tensor d_scores, k3rt_error *err)
+{
+    aux_loss *b = self;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (b->device != K3RT_DEVICE_CPU) {
+        K3RT_TRY(scratch_gpu(b, r, err));
+        double *dev = (double *)((char *)b->scratch + b->scratch_bytes - (int64_t)sizeof(double));
+        K3RT_TRY(loss_gpu(b, st, r, scale, dev, 0, d_scores, err));
+        K3RT_TRY(k3rt_memcpy(st, loss, K3RT_DEVICE_CPU, dev, b->device, sizeof *loss, err));
+        return k3rt_stream_sync(st, err);
+    }
+#endif
+    (void)st, (void)err;
+    *loss = loss_cpu(b, r, scale, d_scores);
+    return K3RT_OK;
+}
+
+static int aux_loss_add(void *self, k3rt_stream *st, const k3rt_routing *r, double scale,
+                        k3rt_tensor loss_sum, k3rt_tensor d_scores, k3rt_error *err)
+{
+    aux_loss *b = self;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (b->device != K3RT_DEVICE_CPU) {
+        K3RT_TRY(scratch_gpu(b, r, err));
+        return loss_gpu(b, st, r, scale, loss_sum.data, 1, d_scores, err);
+    }
+#endif
+    (void)st, (void)err;
+    *(double *)loss_sum.data += loss_cpu(b, r, scale, d_scores);
     return K3RT_OK;
 }
 
@@ -167,6 +200,7 @@ static const k3rt_balancer_vtable balancer = {
     .bias = al_bias,
     .aux_loss = aux_loss_loss,
     .update = aux_loss_update,
+    .aux_loss_add = aux_loss_add,
 };
 
 static const k3rt_plugin_descriptor descriptor = {

@@ -88,8 +88,9 @@ __global__ void token_kernel(const float *scores, const double *f, int64_t B, in
         Ft[t] = F;
 }
 
-// loss = (1/B) sum_q alpha (1/T) sum_t F_t, every sum in token order.
-__global__ void loss_kernel(const double *Ft, int64_t B, int64_t T, double alpha, double *loss)
+// loss (+)= (1/B) sum_q alpha (1/T) sum_t F_t, every sum in token order.
+__global__ void loss_kernel(const double *Ft, int64_t B, int64_t T, double alpha, int accumulate,
+                            double *loss)
 {
     double total = 0;
     for (int64_t q = 0; q < B; q++) {
@@ -98,7 +99,7 @@ __global__ void loss_kernel(const double *Ft, int64_t B, int64_t T, double alpha
             lq += Ft[q * T + t];
         total += alpha * lq / (double)T;
     }
-    *loss = total / (double)B;
+    *loss = accumulate ? *loss + total / (double)B : total / (double)B;
 }
 
 unsigned grid(int64_t n) { return (unsigned)(n > 0 ? n : 1); }
@@ -128,7 +129,7 @@ extern "C" int64_t aux_loss_cu_scratch(int64_t B, int64_t T, int E)
 
 extern "C" int aux_loss_cu_loss(void *stream, const float *scores, const int32_t *sel, int64_t B,
                           int64_t T, int E, int k, double alpha, double scale, void *scratch,
-                          float *d_scores, double *loss_dev, k3rt_error *err)
+                          float *d_scores, double *loss_dev, int accumulate, k3rt_error *err)
 {
     if (E > BAL_CU_MAX_EXPERTS)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "aux_loss: on CUDA experts must be <= %d, "
@@ -140,7 +141,7 @@ extern "C" int aux_loss_cu_loss(void *stream, const float *scores, const int32_t
     token_kernel<<<grid((B * T + LOSS_WARPS - 1) / LOSS_WARPS), LOSS_WARPS * 32, 0, st>>>(
         scores, f, B, T, E, alpha, scale, d_scores, Ft);
     BAL_LAUNCHED("aux_loss token_kernel");
-    loss_kernel<<<1, 1, 0, st>>>(Ft, B, T, alpha, loss_dev);
+    loss_kernel<<<1, 1, 0, st>>>(Ft, B, T, alpha, accumulate, loss_dev);
     BAL_LAUNCHED("aux_loss loss_kernel");
     return K3RT_OK;
 }

@@ -58,10 +58,11 @@ int aux_free_cu_update(void *stream, const int64_t *acc, int E, double gamma, fl
 /* Bytes of scratch aux_loss_cu_loss needs for B sequences of T tokens. */
 int64_t aux_loss_cu_scratch(int64_t B, int64_t T, int E);
 /* The sequence-wise balance loss of B sequences of T tokens (spec §3): d_scores [N, E] f32
- * receives scale * dL/ds, *loss_dev (one device double) the loss, the mean over sequences. */
+ * receives scale * dL/ds, *loss_dev (one device double) the loss, the mean over sequences
+ * (accumulate: *loss_dev += the loss). */
 int aux_loss_cu_loss(void *stream, const float *scores, const int32_t *sel, int64_t B, int64_t T,
                int E, int k, double alpha, double scale, void *scratch, float *d_scores,
-               double *loss_dev, k3rt_error *err);
+               double *loss_dev, int accumulate, k3rt_error *err);
 
 #ifdef __cplusplus
 }

@@ -9,11 +9,27 @@
  * f32 on every run, and a near-tie routes as it does on the CPU. The router's backward product
  * takes dz rounded to bf16 (its weight gradient accumulates in fp32).
  *
- * Host reads: k3rt_grouped_linear_fwd/bwd take the expert offsets as a HOST array, so each
- * forward and each backward copies the E + 1 offsets from the device once and waits for them:
- * one host synchronisation per layer call, until the grouped GEMM takes device-side shapes.
- * Nothing else is read back; the routing the balancer sees stays on the device. */
+ * Host reads: under bf16 with latent and expert widths multiples of 8 (<= 1024 experts) none:
+ * the expert GEMMs take the offsets where the dispatch wrote them (k3rt_grouped_linear_*_dev,
+ * i64 on the device), which ops.h promises reads nothing back there (the CUTLASS grouped
+ * GEMM on sm_90), so routing, counts and offsets stay on the device and the engine reads the
+ * counts once per step. Otherwise (f32: the tests and CPU comparisons) the core's grouped
+ * GEMM is a loop over host offsets whatever form is called, so the layer copies the offsets
+ * to the host once per call (one wait) for its three products instead of the core copying
+ * them in each.
+ *
+ * Streams (overlap_shared, with shared experts): the shared experts read only x (forward) and
+ * x, dy and their saved parts (backward), so they run on a second stream of the instance while
+ * the routed path runs on the call's stream. `fork`, recorded on the call's stream at entry,
+ * orders the side stream after everything before the call; `join`, recorded on the side
+ * stream after its last piece, is waited for by the call's stream before the first product
+ * that needs the shared result (forward: y += sa Wsd^T; backward: dx += dsg Wsg + dsu Wsu),
+ * so every later user of the call's stream is ordered after both. Each buffer has one writer
+ * and the same order of sums with or without the overlap: the same bits either way. */
+#include <stdlib.h>
 #include <string.h>
+
+#include <k3rt/host.h>
 
 #include "latent_moe.h"
 #include "cuda/lmoe_cuda.h"
@@ -104,6 +120,48 @@ int lmoe_gpu_check(const latent_moe *f, k3rt_error *err)
     return K3RT_OK;
 }
 
+int lmoe_gpu_create(latent_moe *f, int overlap_shared, k3rt_error *err)
+{
+    if (!(f->host_offsets = malloc((size_t)(f->E + 1) * sizeof(int64_t))))
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "latent_moe: out of memory");
+    if (!overlap_shared || f->Hs == 0)
+        return K3RT_OK;
+    K3RT_TRY(k3rt_stream_create(f->device, K3RT_STREAM_COMPUTE, &f->side, err));
+    K3RT_TRY(k3rt_event_create(f->device, &f->fork, err));
+    return k3rt_event_create(f->device, &f->join, err);
+}
+
+void lmoe_gpu_destroy(latent_moe *f)
+{
+    k3rt_event_destroy(f->join);
+    k3rt_event_destroy(f->fork);
+    k3rt_stream_destroy(f->side);
+    free(f->host_offsets);
+    f->side = NULL, f->fork = f->join = NULL, f->host_offsets = NULL;
+}
+
+/* The stream the shared experts run on: the side stream, ordered after the call's work so
+ * far (fork), or the call's stream itself. */
+static int shared_begin(latent_moe *f, k3rt_stream *st, k3rt_stream **sh, k3rt_error *err)
+{
+    *sh = st;
+    if (!f->side || f->Hs == 0)
+        return K3RT_OK;
+    K3RT_TRY(k3rt_event_record(f->fork, st, err));
+    K3RT_TRY(k3rt_stream_wait(f->side, f->fork, err));
+    *sh = f->side;
+    return K3RT_OK;
+}
+
+/* The side stream's work so far, ordered before the call's stream's next work (join). */
+static int shared_end(latent_moe *f, k3rt_stream *st, k3rt_stream *sh, k3rt_error *err)
+{
+    if (sh == st)
+        return K3RT_OK;
+    K3RT_TRY(k3rt_event_record(f->join, sh, err));
+    return k3rt_stream_wait(st, f->join, err);
+}
+
 void lmoe_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out)
 {
     cu_layout L;
@@ -113,12 +171,47 @@ void lmoe_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out)
     out->state_bytes = 0;
 }
 
-/* The expert offsets into the instance's host array: the layer call's one synchronisation. */
-static int host_offsets(latent_moe *f, k3rt_stream *st, const void *dev, k3rt_error *err)
+/* Where the three expert products of a call find the offsets: on the device (host NULL), or
+ * in the instance's host copy, read once for the call. */
+typedef struct expert_offsets {
+    const void *dev;
+    const int64_t *host;
+} expert_offsets;
+
+static int offsets_for_call(latent_moe *f, k3rt_stream *st, const void *dev, expert_offsets *o,
+                            k3rt_error *err)
 {
+    o->dev = dev, o->host = NULL;
+    if (f->dtype == K3RT_BF16 && f->l % 8 == 0 && f->m % 8 == 0)
+        return K3RT_OK;
     K3RT_TRY(k3rt_memcpy(st, f->host_offsets, K3RT_DEVICE_CPU, dev, f->device,
                          (size_t)(f->E + 1) * sizeof(int64_t), err));
-    return k3rt_stream_sync(st, err);
+    K3RT_TRY(k3rt_stream_sync(st, err));
+    o->host = f->host_offsets;
+    return K3RT_OK;
+}
+
+/* y = x_e W_e^T over the R expert-ordered rows. */
+static int experts_fwd(const latent_moe *f, k3rt_stream *st, const expert_offsets *o,
+                       const void *x, const void *w, void *y, int64_t R, int64_t in, int64_t out,
+                       k3rt_error *err)
+{
+    if (o->host)
+        return k3rt_grouped_linear_fwd(st, f->dtype, x, w, y, o->host, f->E, in, out, err);
+    return k3rt_grouped_linear_fwd_dev(st, f->dtype, x, w, y, o->dev, K3RT_I64, f->E, R, in, out,
+                                       err);
+}
+
+/* dx (=|+=) dy_e W_e ; dW_e += dy_e^T x_e. */
+static int experts_bwd(const latent_moe *f, k3rt_stream *st, const expert_offsets *o,
+                       const void *x, const void *w, const void *dy, void *dx, void *dw,
+                       int64_t R, int64_t in, int64_t out, int acc, k3rt_error *err)
+{
+    if (o->host)
+        return k3rt_grouped_linear_bwd(st, f->dtype, x, w, dy, dx, dw, o->host, f->E, in, out,
+                                       acc, err);
+    return k3rt_grouped_linear_bwd_dev(st, f->dtype, x, w, dy, dx, dw, o->dev, K3RT_I64, f->E, R,
+                                       in, out, acc, err);
 }
 
 /* s = sigmoid(x W_r^T) in f32: under bf16 x and W_r are widened first (exactly). */
@@ -158,6 +251,13 @@ int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
     void *c = sv + L.c, *g = sv + L.g, *u = sv + L.u, *act = sv + L.act, *ye = sv + L.ye;
     void *U = sv + L.U, *xe = ws + L.xe;
 
+    /* the shared experts' gate, up and GLU, beside everything up to the routed W-up */
+    k3rt_stream *sh = st;
+    if (f->Hs > 0) {
+        K3RT_TRY(shared_begin(f, st, &sh, err));
+        K3RT_TRY(lmoe_shared_in(f, sh, a, sv + L.sg, sv + L.su, sv + L.sa, err));
+    }
+
     /* route and dispatch */
     if (a->bias.ndim)
         K3RT_TRY(k3rt_memcpy(st, bias, f->device, a->bias.data, a->bias.device,
@@ -167,19 +267,22 @@ int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
     K3RT_TRY(router_fwd(f, a, &L, ws, s, err));
     K3RT_TRY(lmoe_cu_route(cs, s, bias, N, E, k, f->renormalize, f->rscale, sel, p, err));
     K3RT_TRY(lmoe_cu_dispatch(cs, sel, R, E, ws + L.sort, counts, offsets, pos, src, err));
-    K3RT_TRY(host_offsets(f, st, offsets, err));
-    const int64_t *hoff = f->host_offsets;
 
-    /* routed experts in the latent space */
+    /* routed experts in the latent space: R rows in expert order, offsets[E] = R (dropless) */
+    expert_offsets o;
+    K3RT_TRY(offsets_for_call(f, st, offsets, &o, err));
     K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LMOE_DOWN), NULL, c, N, d, l, err));
     K3RT_TRY(lmoe_cu_gather(cs, dt, c, src, R, k, l, xe, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LMOE_EX_GATE), g, hoff, E, l, m, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, xe, P(LMOE_EX_UP), u, hoff, E, l, m, err));
+    K3RT_TRY(experts_fwd(f, st, &o, xe, P(LMOE_EX_GATE), g, R, l, m, err));
+    K3RT_TRY(experts_fwd(f, st, &o, xe, P(LMOE_EX_UP), u, R, l, m, err));
     K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, g, u, act, R * m, f->beta1, f->beta2, err));
-    K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, act, P(LMOE_EX_DOWN), ye, hoff, E, m, l, err));
+    K3RT_TRY(experts_fwd(f, st, &o, act, P(LMOE_EX_DOWN), ye, R, m, l, err));
     K3RT_TRY(lmoe_cu_combine(cs, dt, ye, pos, p, N, k, l, U, err));
-    K3RT_TRY(lmoe_out_forward(f, st, a, U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su, sv + L.sa,
-                            err));
+    K3RT_TRY(lmoe_routed_out(f, st, a, U, sv + L.nrm, sv + L.rstd, err));
+    if (f->Hs > 0) {
+        K3RT_TRY(shared_end(f, st, sh, err));
+        K3RT_TRY(lmoe_shared_out(f, st, a, sv + L.sa, err));
+    }
 
     if (a->routing) {
         k3rt_routing *r = a->routing;
@@ -224,34 +327,43 @@ int lmoe_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
     const void *x = a->x.data;
     void *dx = a->dx.data;
 
+    /* the shared experts' weight gradients and dsg, dsu, beside the routed backward; their
+     * input gradient is added last, after the routed path has written dx */
+    k3rt_stream *sh = st;
+    if (f->Hs > 0) {
+        K3RT_TRY(shared_begin(f, st, &sh, err));
+        K3RT_TRY(lmoe_shared_bwd_w(f, sh, a, sv + L.sg, sv + L.su, sv + L.sa, ws + L.dsa,
+                                   ws + L.dsg, ws + L.dsu, err));
+    }
     void *dU = ws + L.dU;
-    K3RT_TRY(lmoe_out_backward(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su,
-                             sv + L.sa, ws + L.dsa, ws + L.dsg, ws + L.dsu, ws + L.dn, dU, err));
-    int acc = f->Hs > 0;
+    K3RT_TRY(lmoe_routed_out_bwd(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, ws + L.dn, dU, err));
 
     /* combine, experts, dispatch */
     float *dp = (float *)(ws + L.dp), *dz = (float *)(ws + L.dz);
     void *dye = ws + L.dye, *da = ws + L.da, *dg = ws + L.dg, *du = ws + L.du;
     void *xe = ws + L.xe_b, *dc = ws + L.dc;
     K3RT_TRY(lmoe_cu_combine_bwd(cs, dt, dU, sv + L.ye, pos, p, N, k, l, dp, dye, err));
-    K3RT_TRY(host_offsets(f, st, sv + L.offsets, err));
-    const int64_t *hoff = f->host_offsets;
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, sv + L.act, P(LMOE_EX_DOWN), dye, da, G(LMOE_EX_DOWN),
-                                     hoff, E, m, l, 0, err));
+    expert_offsets o;  /* the forward's, still on the device */
+    K3RT_TRY(offsets_for_call(f, st, sv + L.offsets, &o, err));
+    K3RT_TRY(experts_bwd(f, st, &o, sv + L.act, P(LMOE_EX_DOWN), dye, da, G(LMOE_EX_DOWN), R, m, l,
+                         0, err));
     K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.g, sv + L.u, da, dg, du, R * m, f->beta1,
                           f->beta2, err));
     K3RT_TRY(lmoe_cu_gather(cs, dt, sv + L.c, src, R, k, l, xe, err));
     void *dxe = dye; /* dye is spent */
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LMOE_EX_GATE), dg, dxe, G(LMOE_EX_GATE), hoff, E,
-                                     l, m, 0, err));
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LMOE_EX_UP), du, dxe, G(LMOE_EX_UP), hoff, E, l,
-                                     m, 1, err));
+    K3RT_TRY(experts_bwd(f, st, &o, xe, P(LMOE_EX_GATE), dg, dxe, G(LMOE_EX_GATE), R, l, m, 0,
+                         err));
+    K3RT_TRY(experts_bwd(f, st, &o, xe, P(LMOE_EX_UP), du, dxe, G(LMOE_EX_UP), R, l, m, 1, err));
     K3RT_TRY(lmoe_cu_combine(cs, dt, dxe, pos, NULL, N, k, l, dc, err));
-    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_DOWN), dc, dx, G(LMOE_DOWN), NULL, N, d, l, acc,
+    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_DOWN), dc, dx, G(LMOE_DOWN), NULL, N, d, l, 0,
                              err));
 
     /* router */
     K3RT_TRY(lmoe_cu_router_bwd(cs, s, sel, dp, d_scores, N, E, k, f->renormalize, f->rscale, dz,
                               err));
-    return router_bwd(f, a, &L, ws, dz, err);
+    K3RT_TRY(router_bwd(f, a, &L, ws, dz, err));
+    if (f->Hs == 0)
+        return K3RT_OK;
+    K3RT_TRY(shared_end(f, st, sh, err));
+    return lmoe_shared_bwd_dx(f, st, a, ws + L.dsg, ws + L.dsu, 1, err);
 }

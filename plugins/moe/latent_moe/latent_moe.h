@@ -24,7 +24,6 @@ enum {
 typedef struct latent_moe {
     int dtype;            /* K3RT_F32 or K3RT_F64 on the CPU; K3RT_F32 or K3RT_BF16 on CUDA */
     int device;           /* K3RT_DEVICE_CPU or a CUDA device */
-    int64_t *host_offsets; /* [E + 1] CUDA: the expert offsets read back for the grouped ops */
     int64_t d;            /* d_model */
     int64_t E, k;         /* routed experts, experts per token */
     int64_t l;            /* latent width */
@@ -40,6 +39,11 @@ typedef struct latent_moe {
     double latent_std;    /* init of the routed path before the norm; 0 = 1/sqrt(fan_in) */
     int slot[LMOE_N_SLOTS]; /* parameter index of each slot, or -1 */
     int n_params;
+    /* CUDA with shared experts and overlap_shared: the stream the shared experts run on beside
+     * the routed ones, and the events that order it with the call's stream (cuda.c) */
+    k3rt_stream *side;
+    struct k3rt_event *fork, *join;
+    int64_t *host_offsets; /* [E + 1] CUDA: the expert offsets, when a call reads them (cuda.c) */
 } latent_moe;
 
 /* Byte offsets into the saved buffer (forward -> backward) and the workspace. N = B*T tokens,
@@ -115,17 +119,36 @@ int lmoe_cpu_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err);
 
 /* What follows the combine, written once over core ops for every device and dtype (moe.c):
  * the latent norm, W-up and the shared experts, and their backward (which initialises a->dx;
- * dU may alias dn without the latent norm). */
+ * dU may alias dn without the latent norm). The pieces they are made of come after them: the
+ * CUDA path runs the shared ones on a second stream. */
 int lmoe_out_forward(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
                    void *nrm, void *rstd, void *sg, void *su, void *sa, k3rt_error *err);
 int lmoe_out_backward(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a, const void *U,
                     const void *nrm, const void *rstd, const void *sg, const void *su,
                     const void *sa, void *dsa, void *dsg, void *dsu, void *dn, void *dU,
                     k3rt_error *err);
+int lmoe_routed_out(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
+                    void *nrm, void *rstd, k3rt_error *err);
+int lmoe_shared_in(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, void *sg,
+                   void *su, void *sa, k3rt_error *err);
+int lmoe_shared_out(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a,
+                    const void *sa, k3rt_error *err);
+int lmoe_shared_bwd_w(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a,
+                      const void *sg, const void *su, const void *sa, void *dsa, void *dsg,
+                      void *dsu, k3rt_error *err);
+int lmoe_shared_bwd_dx(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a,
+                       const void *dsg, const void *dsu, int accumulate, k3rt_error *err);
+int lmoe_routed_out_bwd(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a,
+                        const void *U, const void *nrm, const void *rstd, void *dn, void *dU,
+                        k3rt_error *err);
 
 /* The layer on CUDA (cuda.c, built with K3RT_PLUGIN_HAVE_CUDA): its own layout of the saved and
  * workspace buffers, f32 or bf16. lmoe_gpu_check refuses what the CUDA kernels cannot take. */
 int lmoe_gpu_check(const latent_moe *f, k3rt_error *err);
+/* The side stream and its events (overlap_shared with shared experts); lmoe_gpu_destroy frees
+ * what lmoe_gpu_create made, also after a failure part-way. */
+int lmoe_gpu_create(latent_moe *f, int overlap_shared, k3rt_error *err);
+void lmoe_gpu_destroy(latent_moe *f);
 void lmoe_gpu_memory(const latent_moe *f, int64_t tokens, k3rt_memory *out);
 int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err);
 int lmoe_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err);

@@ -60,59 +60,114 @@ static void take_bias(const latent_moe *f, const k3rt_tensor *bias, float *dst)
         memcpy(dst, bias->data, (size_t)f->E * sizeof(float));
 }
 
-/* After the combine, the same on every device and dtype (core ops only): n = RMSNorm(U) (or U),
- * y = n Wup^T + glu(x Wsg^T, x Wsu^T) Wsd^T. nrm, rstd unused without the latent norm; sg, su,
- * sa without shared experts. */
-int lmoe_out_forward(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
-                   void *nrm, void *rstd, void *sg, void *su, void *sa, k3rt_error *err)
+/* What follows the combine, the same on every device and dtype (core ops only), in pieces
+ * so that the CUDA path can run the shared experts on a second stream:
+ *   routed out:  n = RMSNorm(U) (or U) ; y = n Wup^T          (nrm, rstd: latent_norm only)
+ *   shared in:   sg = x Wsg^T ; su = x Wsu^T ; sa = glu(sg, su) (reads x only)
+ *   shared out:  y += sa Wsd^T                                  (after both) */
+int lmoe_routed_out(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
+                    void *nrm, void *rstd, k3rt_error *err)
 {
     int dt = f->dtype;
     int64_t N = a->batch * a->seq, d = f->d, l = f->l;
-    const void *x = a->x.data, *n = U;
-    void *y = a->y.data;
+    const void *n = U;
     if (f->latent_norm) {
         n = nrm;
         K3RT_TRY(k3rt_rmsnorm_fwd(st, dt, U, P(LMOE_NORM), nrm, rstd, N, l, f->norm_eps, err));
     }
-    K3RT_TRY(k3rt_linear_fwd(st, dt, n, P(LMOE_UP), NULL, y, N, l, d, err));
-    if (f->Hs == 0)
-        return K3RT_OK;
-    /* shared experts at full width: y += glu(x Wsg^T, x Wsu^T) Wsd^T */
-    K3RT_TRY(k3rt_linear_fwd(st, dt, x, P(LMOE_SH_GATE), NULL, sg, N, d, f->Hs, err));
-    K3RT_TRY(k3rt_linear_fwd(st, dt, x, P(LMOE_SH_UP), NULL, su, N, d, f->Hs, err));
-    K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, sg, su, sa, N * f->Hs, f->beta1, f->beta2, err));
-    return k3rt_gemm(st, dt, 0, 1, N, d, f->Hs, 1.0, sa, f->Hs, P(LMOE_SH_DOWN), f->Hs, 1.0, y, d,
-                     err);
+    return k3rt_linear_fwd(st, dt, n, P(LMOE_UP), NULL, a->y.data, N, l, d, err);
 }
 
-/* Its backward, shared experts first (their input gradient initialises a->dx, which the routed
- * path then accumulates into): dU receives the gradient of the combined output (dn when there
- * is no latent norm, so dU may alias dn). */
+int lmoe_shared_in(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, void *sg,
+                   void *su, void *sa, k3rt_error *err)
+{
+    int dt = f->dtype;
+    int64_t N = a->batch * a->seq, d = f->d;
+    const void *x = a->x.data;
+    K3RT_TRY(k3rt_linear_fwd(st, dt, x, P(LMOE_SH_GATE), NULL, sg, N, d, f->Hs, err));
+    K3RT_TRY(k3rt_linear_fwd(st, dt, x, P(LMOE_SH_UP), NULL, su, N, d, f->Hs, err));
+    return k3rt_glu_fwd(st, dt, f->glu, sg, su, sa, N * f->Hs, f->beta1, f->beta2, err);
+}
+
+int lmoe_shared_out(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a,
+                    const void *sa, k3rt_error *err)
+{
+    int64_t N = a->batch * a->seq, d = f->d;
+    return k3rt_gemm(st, f->dtype, 0, 1, N, d, f->Hs, 1.0, sa, f->Hs, P(LMOE_SH_DOWN), f->Hs, 1.0,
+                     a->y.data, d, err);
+}
+
+int lmoe_out_forward(const latent_moe *f, k3rt_stream *st, const k3rt_fwd_args *a, const void *U,
+                   void *nrm, void *rstd, void *sg, void *su, void *sa, k3rt_error *err)
+{
+    K3RT_TRY(lmoe_routed_out(f, st, a, U, nrm, rstd, err));
+    if (f->Hs == 0)
+        return K3RT_OK;
+    K3RT_TRY(lmoe_shared_in(f, st, a, sg, su, sa, err));
+    return lmoe_shared_out(f, st, a, sa, err);
+}
+
+/* The backward pieces:
+ *   shared weights:  dWsd += dy^T sa ; dsa = dy Wsd ; (dsg, dsu) = glu' ; dWsg += dsg^T x ;
+ *                    dWsu += dsu^T x                            (reads dy, x and the saved)
+ *   shared dx:       dx (=|+=) dsg Wsg + dsu Wsu
+ *   routed out:      dWup += dy^T n ; dn = dy Wup ; dU = RMSNorm'(dn) (dgamma +=); dU may
+ *                    alias dn without the latent norm */
+int lmoe_shared_bwd_w(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a,
+                      const void *sg, const void *su, const void *sa, void *dsa, void *dsg,
+                      void *dsu, k3rt_error *err)
+{
+    int dt = f->dtype;
+    int64_t N = a->batch * a->seq, d = f->d;
+    const void *x = a->x.data;
+    K3RT_TRY(k3rt_linear_bwd(st, dt, sa, P(LMOE_SH_DOWN), a->dy.data, dsa, G(LMOE_SH_DOWN), NULL,
+                             N, f->Hs, d, 0, err));
+    K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sg, su, dsa, dsg, dsu, N * f->Hs, f->beta1, f->beta2,
+                          err));
+    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_SH_GATE), dsg, NULL, G(LMOE_SH_GATE), NULL, N, d,
+                             f->Hs, 0, err));
+    return k3rt_linear_bwd(st, dt, x, P(LMOE_SH_UP), dsu, NULL, G(LMOE_SH_UP), NULL, N, d, f->Hs,
+                           0, err);
+}
+
+int lmoe_shared_bwd_dx(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a,
+                       const void *dsg, const void *dsu, int accumulate, k3rt_error *err)
+{
+    int dt = f->dtype;
+    int64_t N = a->batch * a->seq, d = f->d;
+    const void *x = a->x.data;
+    void *dx = a->dx.data;
+    K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_SH_GATE), dsg, dx, NULL, NULL, N, d, f->Hs,
+                             accumulate, err));
+    return k3rt_linear_bwd(st, dt, x, P(LMOE_SH_UP), dsu, dx, NULL, NULL, N, d, f->Hs, 1, err);
+}
+
+int lmoe_routed_out_bwd(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a,
+                        const void *U, const void *nrm, const void *rstd, void *dn, void *dU,
+                        k3rt_error *err)
+{
+    int dt = f->dtype;
+    int64_t N = a->batch * a->seq, d = f->d, l = f->l;
+    const void *n = f->latent_norm ? nrm : U;
+    K3RT_TRY(k3rt_linear_bwd(st, dt, n, P(LMOE_UP), a->dy.data, dn, G(LMOE_UP), NULL, N, l, d, 0,
+                             err));
+    if (f->latent_norm)
+        K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, U, P(LMOE_NORM), rstd, dn, dU, G(LMOE_NORM), N, l, 0, err));
+    return K3RT_OK;
+}
+
+/* Shared experts first (their input gradient initialises a->dx, which the routed path then
+ * accumulates into). */
 int lmoe_out_backward(const latent_moe *f, k3rt_stream *st, const k3rt_bwd_args *a, const void *U,
                     const void *nrm, const void *rstd, const void *sg, const void *su,
                     const void *sa, void *dsa, void *dsg, void *dsu, void *dn, void *dU,
                     k3rt_error *err)
 {
-    int dt = f->dtype;
-    int64_t N = a->batch * a->seq, d = f->d, l = f->l;
-    const void *x = a->x.data, *dy = a->dy.data;
-    void *dx = a->dx.data;
     if (f->Hs > 0) {
-        K3RT_TRY(k3rt_linear_bwd(st, dt, sa, P(LMOE_SH_DOWN), dy, dsa, G(LMOE_SH_DOWN), NULL, N,
-                                 f->Hs, d, 0, err));
-        K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sg, su, dsa, dsg, dsu, N * f->Hs, f->beta1,
-                              f->beta2, err));
-        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_SH_GATE), dsg, dx, G(LMOE_SH_GATE), NULL, N, d,
-                                 f->Hs, 0, err));
-        K3RT_TRY(k3rt_linear_bwd(st, dt, x, P(LMOE_SH_UP), dsu, dx, G(LMOE_SH_UP), NULL, N, d,
-                                 f->Hs, 1, err));
+        K3RT_TRY(lmoe_shared_bwd_w(f, st, a, sg, su, sa, dsa, dsg, dsu, err));
+        K3RT_TRY(lmoe_shared_bwd_dx(f, st, a, dsg, dsu, 0, err));
     }
-    /* up-projection and latent norm */
-    const void *n = f->latent_norm ? nrm : U;
-    K3RT_TRY(k3rt_linear_bwd(st, dt, n, P(LMOE_UP), dy, dn, G(LMOE_UP), NULL, N, l, d, 0, err));
-    if (f->latent_norm)
-        K3RT_TRY(k3rt_rmsnorm_bwd(st, dt, U, P(LMOE_NORM), rstd, dn, dU, G(LMOE_NORM), N, l, 0, err));
-    return K3RT_OK;
+    return lmoe_routed_out_bwd(f, st, a, U, nrm, rstd, dn, dU, err);
 }
 
 int lmoe_cpu_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)

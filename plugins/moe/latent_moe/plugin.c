@@ -49,6 +49,9 @@ static const k3rt_option options[] = {
      "std of the normal init of the routed path before the latent norm (routed_down_proj and "
      "the expert matrices); 0 = 1/sqrt(fan_in) of each, so the combined output reaches the norm "
      "at O(1) scale instead of far below its eps"},
+    {"overlap_shared", K3RT_OPT_BOOL, 0, "true", K3RT_RANGE_ANY, NULL,
+     "on CUDA, run the shared experts on a second stream beside the routed ones (the same "
+     "numbers either way); false = one stream"},
 };
 
 static int fail_key(k3rt_error *err, const char *key, const char *why, long long got)
@@ -103,10 +106,10 @@ static int lmoe_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (f->device != K3RT_DEVICE_CPU) {
         int rc = lmoe_gpu_check(f, err);
-        f->host_offsets = rc ? NULL : malloc((size_t)(E + 1) * sizeof(int64_t));
-        if (!rc && !f->host_offsets)
-            rc = k3rt_fail(err, K3RT_ERR_NOMEM, "latent_moe: out of memory");
+        if (!rc)
+            rc = lmoe_gpu_create(f, k3rt_cfg_bool(cfg, "overlap_shared"), err);
         if (rc) {
+            lmoe_gpu_destroy(f);
             free(f);
             return rc;
         }
@@ -118,10 +121,11 @@ static int lmoe_create(const k3rt_create_args *a, void **self, k3rt_error *err)
 
 static void lmoe_destroy(void *self)
 {
-    latent_moe *f = self;
-    if (f)
-        free(f->host_offsets);
-    free(f);
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (self)
+        lmoe_gpu_destroy(self);
+#endif
+    free(self);
 }
 
 /* With init_std everywhere (0.02) the routed path is four small matrices in a row and the

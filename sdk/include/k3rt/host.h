@@ -1,7 +1,9 @@
 /* k3rt/host.h — the runtime's host side: what k3rt's engine, the k3rt command and a program
  * embedding the runtime call to set up streams, devices and communicators, convert host
- * buffers and log. Plugins do not need it (k3rt/k3rt.h does not include it): the host hands
- * them streams, memory and communicators through their calls.
+ * buffers and log. Plugins do not need it for their calls (k3rt/k3rt.h does not include it):
+ * the host hands them streams, memory and communicators. A plugin that overlaps its own work
+ * on a second stream creates that stream and its events here (latent_moe's shared experts),
+ * recording on the call's stream at entry and making it wait before it returns.
  *
  * libk3rt exports the functions of this header and of the plugin SDK (k3rt/k3rt.h), and
  * nothing else. */

@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 #define K3RT_ABI_MAJOR 2
-#define K3RT_ABI_MINOR 0
+#define K3RT_ABI_MINOR 1
 
 /* ---- Kinds and capabilities ------------------------------------------------------------------ */
 
@@ -447,6 +447,12 @@ typedef struct k3rt_balancer_vtable {
     /* End of an optimizer step: combine statistics across the data-parallel group, update the
      * bias for the next step, clear the accumulators. */
     int (*update)(void *self, k3rt_stream *s, k3rt_comm *dp, int64_t step, k3rt_error *err);
+    /* ABI 2.1, optional: aux_loss without the host value, so a micro-batch on a GPU waits for
+     * nothing: the loss (already weighted) is ADDED into loss_sum, one f64 on the stream's
+     * device (host memory on a CPU stream), and d_scores is written as aux_loss writes it. The
+     * engine prefers it to aux_loss and reads the sum once per step. */
+    int (*aux_loss_add)(void *self, k3rt_stream *s, const k3rt_routing *r, double scale,
+                        k3rt_tensor loss_sum, k3rt_tensor d_scores, k3rt_error *err);
 } k3rt_balancer_vtable;
 
 /* ---- Residuals ------------------------------------------------------------------------------------ */
