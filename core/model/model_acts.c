@@ -96,10 +96,14 @@ void model_free_acts(model *m)
     m->B = m->T = 0;
 }
 
-/* Rows of the LM head processed at once: about 4M logits, at least 1 row. */
+/* Rows of the LM head processed at once, at least 1: about 4M logits on the CPU (they stay in
+ * cache), 128M on a GPU, where a chunk of a few hundred rows leaves the head's three GEMMs at
+ * a fraction of the tensor cores' speed (measured on the H200: 46 ms of a 194 ms dense step in
+ * 251 chunks of 131 rows at vocabulary 32000) for 256 MB of bf16 logits. */
 static int64_t head_chunk(const model *m, int64_t n)
 {
-    int64_t rows = (int64_t)(4 << 20) / m->vocab;
+    int64_t target = m->opt.device == K3RT_DEVICE_CPU ? (int64_t)4 << 20 : (int64_t)128 << 20;
+    int64_t rows = target / m->vocab;
     if (rows < 1)
         rows = 1;
     return rows < n ? rows : n;
