@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdio.h>
 
+#include "comm/comm_open.h"
 #include "model/model.h"
 #include "recipe/recipe.h"
 #include "train/data.h"
@@ -35,7 +36,9 @@ typedef struct run {
     char run_id[160];             /* identity.id: the lineage pruning keeps to */
     json_t *changes;              /* mid-run changes applied so far: [{step, balancer}] */
     json_t *balancer;             /* the balancer spec in effect */
-    k3rt_comm **comms;
+    comm_job job;                 /* the ranks of this process: threads (local) or one */
+    int multi_process;            /* one rank per process (mpi, tcp): each writes only its own */
+    int status_fd;                /* K3RT_LAUNCH_DIR's rank file for k3rt launch, or -1 */
     FILE *metrics;                /* rank 0 */
     train_result result;
     loss_history history;         /* rank 0 */
@@ -68,6 +71,18 @@ typedef struct rank_ctx {
  * refuse a folder with checkpoints unless --force; --resume falls back past unusable
  * checkpoints); opens the metrics file. */
 int output_prepare(run *r, k3rt_error *err);
+/* The other processes of a multi-process job, after rank 0's output_prepare: the folder's
+ * paths and (--resume) the checkpoint rank 0 picked; nothing written. */
+int output_follow(run *r, k3rt_error *err);
+
+/* train_status.c: for k3rt launch (K3RT_LAUNCH_DIR set), this rank's pid and current step in
+ * <dir>/rank.<r>, so that the launcher can say which step a rank that died was at. */
+void status_open(run *r, int rank);
+void status_step(run *r, int64_t step);
+void status_close(run *r);
+/* train_replicas.c: every data-parallel rank holds the same weights (an error naming the
+ * first rank that differs otherwise). */
+int replicas_agree(rank_ctx *c, int64_t step, k3rt_error *err);
 
 /* train_setup.c */
 int run_setup(run *r, const train_options *o, k3rt_error *err);

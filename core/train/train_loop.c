@@ -322,6 +322,7 @@ static int maybe_checkpoint(rank_ctx *c, int64_t step, k3rt_error *err)
                      (long long)step, c->bad_in_row, c->bad_in_row > 1 ? "s" : "");
         return K3RT_OK;
     }
+    K3RT_TRY(replicas_agree(c, step, err));
     int rc = c->rank == 0 ? ckpt_save_run(c, step, err) : K3RT_OK;
     if (r->dp > 1) {
         int64_t ok = rc == K3RT_OK;
@@ -383,6 +384,8 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
             rc = train_step(c, step, in, tg, &o, err);
         if (!rc)
             rc = train_profile_end(c, step, err);
+        if (rc == K3RT_ERR_COMM)
+            k3rt_error_prefix(err, "step %lld: ", (long long)step);
         if (rc)
             break;
         json_t *rec = step_record(c, step, &o);
@@ -407,6 +410,7 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
             rc = maybe_checkpoint(c, step, err);
         json_decref(rec);
         r->result.steps_done = step;
+        status_step(r, step);
         if (step == r->opt.stop_after)
             break;
     }
@@ -477,7 +481,9 @@ void *rank_main(void *arg)
         c->rc = run_steps(c, err);
     if (!c->rc)
         c->rc = finish(c, err);
-    if (c->rc && c->r->dp > 1)
-        comm_local_abort(c->comm ? c->comm : c->r->comms[c->rank]);
+    /* Threads of the local backend stop each other; a multi-process job is broken by
+     * train_main once this rank has said why. */
+    if (c->rc && c->r->dp > 1 && !c->r->multi_process)
+        comm_abort(c->comm ? c->comm : c->r->job.comms[c->rank - c->r->job.first_rank]);
     return NULL;
 }
