@@ -133,6 +133,8 @@ int comm_det_all_reduce(k3rt_comm *c, const void *send, void *recv, int64_t coun
                                 mine, err);
     }
     free(parts), free(mine), free(in), free(p.sc);
+    if (rc)
+        k3rt_error_prefix(err, "all_reduce: ");
     return rc;
 }
 
@@ -153,5 +155,7 @@ int comm_det_reduce_scatter(k3rt_comm *c, const void *send, void *recv, int64_t 
     if (!rc)
         rc = sum_slices(c, parts, count, dtype, op, recv, err);
     free(parts), free(p.sc);
+    if (rc)
+        k3rt_error_prefix(err, "reduce_scatter: ");
     return rc;
 }

@@ -106,6 +106,7 @@ int train_main(const train_options *o, train_result *result, k3rt_error *err)
     }
     if (rc)
         fail_job(r, err);
+    r->result.rank = r->job.first_rank;
     if (result)
         *result = r->result;
     loss_history_free(&r->history);
