@@ -54,6 +54,13 @@ typedef struct rank_ctx {
     model m;
     rig opt;
     k3rt_param_ref *refs;
+    /* ZeRO-1 (train_shard.c): each parameter's owning rank, the ones this rank owns (its
+     * optimizer's parameters, in order) and their refs as the optimizer is called with */
+    int sharded, n_own;
+    int *owner, *own;
+    k3rt_param_ref *own_refs;
+    const struct k3rt_tensor_sink *opt_state; /* set while a sharded checkpoint is written:
+                                                 the optimizer state gathered from all ranks */
     float *max_logits;            /* per parameter with qk_clip: [heads] */
     int bad_in_row;
     double interval_loss;
@@ -80,6 +87,20 @@ int output_follow(run *r, k3rt_error *err);
 void status_open(run *r, int rank);
 void status_step(run *r, int64_t step);
 void status_close(run *r);
+/* train_shard.c: ZeRO-1. shard_setup assigns the owners (every parameter to this rank when
+ * sharding is off); shard_refs is the refs of this rank's parameters for its optimizer;
+ * shard_publish broadcasts each updated parameter from its owner; shard_gather_state
+ * (collective) gives rank 0 every rank's optimizer state in parameter order, the layout an
+ * unsharded run writes (shard_release frees it). */
+int shard_on(const run *r);
+int shard_setup(rank_ctx *c, k3rt_error *err);
+const k3rt_param_ref *shard_refs(rank_ctx *c);
+int shard_publish(rank_ctx *c, k3rt_error *err);
+void shard_free(rank_ctx *c);
+int shard_gather_state(rank_ctx *c, struct k3rt_tensor_sink *out, char ***keep,
+                       k3rt_error *err);
+void shard_release(rank_ctx *c, struct k3rt_tensor_sink *s, char **keep);
+
 /* train_replicas.c: every data-parallel rank holds the same weights (an error naming the
  * first rank that differs otherwise). */
 int replicas_agree(rank_ctx *c, int64_t step, k3rt_error *err);

@@ -134,7 +134,8 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
                  k3rt_axpby(c->stream, m->master_dtype, m->total_numel, r->grad_clip / o->gnorm,
                             m->grad_buf, 0.0, m->grad_buf, err));
     K3RT_TRY(prof_begin(m->prof, PROF_OPTIMIZER, err));
-    K3RT_TRY(rig_step(&c->opt, c->dp, o->lr, step, c->refs, m->n_params, err));
+    K3RT_TRY(rig_step(&c->opt, c->dp, o->lr, step, shard_refs(c), c->n_own, err));
+    PROF_TRY(m->prof, PROF_COMM, shard_publish(c, err));
     K3RT_TRY(model_sync_compute(m, err));
     return prof_end(m->prof, err);
 }
@@ -323,7 +324,15 @@ static int maybe_checkpoint(rank_ctx *c, int64_t step, k3rt_error *err)
         return K3RT_OK;
     }
     K3RT_TRY(replicas_agree(c, step, err));
+    struct k3rt_tensor_sink gathered;
+    char **keep = NULL;
+    memset(&gathered, 0, sizeof gathered);
+    if (c->sharded)
+        K3RT_TRY(shard_gather_state(c, &gathered, &keep, err));
+    c->opt_state = c->sharded ? &gathered : NULL;
     int rc = c->rank == 0 ? ckpt_save_run(c, step, err) : K3RT_OK;
+    c->opt_state = NULL;
+    shard_release(c, &gathered, keep);
     if (r->dp > 1) {
         int64_t ok = rc == K3RT_OK;
         K3RT_TRY(k3rt_broadcast(c->comm, c->stream, &ok, 1, K3RT_I64, 0, err));

@@ -259,6 +259,7 @@ static int build_optimizer(rank_ctx *c, k3rt_error *err)
         p->param = m->params[i].master;  /* fp32 under bf16 compute */
         p->grad = m->params[i].grad;
     }
+    K3RT_TRY(shard_setup(c, err));
     const json_t *spec = json_object_get(r->doc, "optimizer");
     const plugin_entry *e;
     K3RT_TRY(model_resolve_spec(&r->reg, spec, K3RT_KIND_OPTIMIZER, "optimizer", &e, err));
@@ -271,8 +272,8 @@ static int build_optimizer(rank_ctx *c, k3rt_error *err)
     a.vocab = m->vocab;
     a.n_layers = m->n_layers;
     a.layer = -1;
-    a.params = c->refs;
-    a.n_params = m->n_params;
+    a.params = shard_refs(c);
+    a.n_params = c->n_own;
     a.comm = c->comm;
     a.stream = c->stream;
     a.seed = r->seed;
@@ -307,6 +308,7 @@ void rank_free(rank_ctx *c)
 {
     rig_destroy(&c->opt);
     model_free(&c->m);
+    shard_free(c);
     free(c->refs);
     free(c->max_logits);
     k3rt_stream_destroy(c->stream);

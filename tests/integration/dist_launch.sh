@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Processes without mpirun (the tcp backend):
-#  - `k3rt launch -n 2` equals 2 threads of the local backend bit for bit (MoE model);
+#  - `k3rt launch -n 2` equals 2 threads of the local backend bit for bit (MoE model), and
+#    so does ZeRO-1 (plan.shard_optimizer), which really splits the optimizer state;
+#  - --resume with another plan.dp is refused by name;
 #  - SIGKILL of rank 1 under k3rt launch: the launcher exits non-zero within 60 s naming the
 #    rank, its pid, the signal and the step; a --resume afterwards ends bitwise equal to the
 #    run never interrupted (nothing committed was lost);
@@ -16,6 +18,25 @@ echo "k3rt launch -n 2 vs 2 local threads"
 "$bin" launch -n 2 "${moe[@]}" --out "$work/launch" >"$work/launch.log"
 $compare "$work/local/metrics.jsonl" "$work/launch/metrics.jsonl" bitwise | sed 's/^/  /'
 same_checkpoint "$work/local" "$work/launch"
+
+echo "ZeRO-1 under k3rt launch -n 2 vs unsharded local threads"
+loud=()
+for a in "${moe[@]}"; do [ "$a" = --quiet ] || loud+=("$a"); done
+"$bin" launch -n 2 "${loud[@]}" --set plan.shard_optimizer=true --out "$work/zero" \
+  >"$work/zero.full" 2>&1 || { cat "$work/zero.full"; exit 1; }
+grep "shard_optimizer:" "$work/zero.full" >"$work/zero.log" || true
+cut -c1-120 "$work/zero.log" | sed 's/^/  /'
+grep -Eq "holds the optimizer state of [0-9]+ of [0-9]+ parameters \((4|5)[0-9]\.[0-9]% " \
+  "$work/zero.log" || { echo "FAIL: the optimizer state is not split in halves"; exit 1; }
+$compare "$work/local/metrics.jsonl" "$work/zero/metrics.jsonl" bitwise | sed 's/^/  /'
+same_checkpoint "$work/local" "$work/zero"
+
+echo "--resume with plan.dp = 1 of a dp = 2 run is refused"
+if "$bin" train "${moe[@]}" --set plan.dp=1 --out "$work/zero" --resume >"$work/re.log" 2>&1; then
+  echo "FAIL: accepted"; exit 1
+fi
+grep -q "plan.dp = 2, this run has 1" "$work/re.log" || { cat "$work/re.log"; exit 1; }
+echo "  $(cut -c1-150 "$work/re.log")"
 
 echo "SIGKILL of rank 1 under k3rt launch, then --resume"
 "$bin" launch -n 2 "${moe[@]}" --out "$work/killed" >"$work/killed.log" 2>&1 &

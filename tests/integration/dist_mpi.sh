@@ -4,7 +4,9 @@
 #    (dense model: losses, gradient norms and final weights within 1e-5 relative rms);
 #  - 2 processes equal 2 threads of the local backend bit for bit (the MoE model: routing,
 #    Quantile Balancing statistics and Per-Head Muon included);
-#  - a 2-process run stopped and resumed ends bitwise equal to the straight one;
+#  - a 2-process run stopped and resumed ends bitwise equal to the straight one, also with
+#    ZeRO-1 (plan.shard_optimizer: each rank steps and checkpoints its share of the optimizer
+#    state), which equals the unsharded run bit for bit;
 #  - a job whose size is not plan.dp is refused by name; a rank killed with SIGKILL ends the
 #    job within 60 s.
 #   dist_mpi.sh K3RT_BIN SOURCE_DIR K3RT_MPI MPIEXEC
@@ -39,6 +41,14 @@ echo "stopped after step 2 and resumed, 2 processes"
 "${mpi[@]}" -n 2 "$bin" train "${moe[@]}" --out "$work/resumed" --resume
 $compare "$work/mpi/metrics.jsonl" "$work/resumed/metrics.jsonl" bitwise | sed 's/^/  /'
 same_checkpoint "$work/mpi" "$work/resumed"
+
+echo "ZeRO-1, 2 processes, stopped after step 2 and resumed, vs unsharded"
+"${mpi[@]}" -n 2 "$bin" train "${moe[@]}" --set plan.shard_optimizer=true --out "$work/zero" \
+  --stop-after 2
+"${mpi[@]}" -n 2 "$bin" train "${moe[@]}" --set plan.shard_optimizer=true --out "$work/zero" \
+  --resume
+$compare "$work/mpi/metrics.jsonl" "$work/zero/metrics.jsonl" bitwise | sed 's/^/  /'
+same_checkpoint "$work/mpi" "$work/zero"
 
 echo "a job of 2 processes with plan.dp = 1 is refused"
 if "${mpi[@]}" -n 2 "$bin" train "${moe[@]}" --set plan.dp=1 --out "$work/bad" >"$work/bad.log" 2>&1; then
