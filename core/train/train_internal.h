@@ -1,5 +1,6 @@
-/* State shared by the trainer's files: one `run` for the job, one `rank_ctx` per
- * data-parallel rank (a thread of the local backend). */
+/* State shared by the trainer's files: one `run` for the process, one `rank_ctx` per
+ * data-parallel rank it runs (threads of the local backend, or the one rank of a process of
+ * a multi-process job). */
 #ifndef K3RT_TRAIN_INTERNAL_H
 #define K3RT_TRAIN_INTERNAL_H
 
