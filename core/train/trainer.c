@@ -6,7 +6,7 @@
 #include "train/train_internal.h"
 #include "util/log.h"
 
-static int dry_run(rank_ctx *c, k3rt_error *err)
+static int print_parameters(rank_ctx *c, k3rt_error *err)
 {
     model *m = &c->m;
     printf("%-44s %-18s %-14s %s\n", "PARAMETER", "SHAPE", "ROLE", "RULE");
@@ -26,6 +26,20 @@ static int dry_run(rank_ctx *c, k3rt_error *err)
            (double)m->total_numel * (double)m->master_elem / (1 << 20),
            (double)om.state_bytes / (1 << 20), (double)m->act_bytes / (1 << 20));
     return K3RT_OK;
+}
+
+static int dry_run(run *r, k3rt_error *err)
+{
+    rank_ctx c;
+    memset(&c, 0, sizeof c);
+    c.r = r;
+    int rc = rank_build(&c, err);
+    if (!rc)
+        rc = train_print_header(&c, err);
+    if (!rc)
+        rc = print_parameters(&c, err);
+    rank_free(&c);
+    return rc;
 }
 
 /* This process's ranks: threads of the local backend, or the one rank of a multi-process
@@ -92,15 +106,9 @@ int train_main(const train_options *o, train_result *result, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     int rc = run_setup(r, o, err);
     if (!rc && o->dry_run) {
-        rank_ctx c;
-        memset(&c, 0, sizeof c);
-        c.r = r;
-        rc = rank_build(&c, err);
-        if (!rc)
-            rc = train_print_header(&c, err);
-        if (!rc)
-            rc = dry_run(&c, err);
-        rank_free(&c);
+        /* the other processes of a job: rank 0 prints the plan */
+        if (r->job.first_rank == 0)
+            rc = dry_run(r, err);
     } else if (!rc) {
         rc = run_ranks(r, err);
     }
