@@ -205,18 +205,25 @@ static int supervise(rank_proc *ps, int n, const char *dir)
         for (int i = 0; i < k; i++)
             if (pf[i].revents)
                 drain(&ps[who[i]], who[i]);
+        /* Reap every rank that has exited, then blame one: a rank killed by a signal
+         * before one that exited with an error, as the others exit with an error after it
+         * (its connections close) and may be reaped in the same pass. */
+        int blame = -1;
         for (int r = 0; r < n; r++) {
             if (ps[r].done || waitpid(ps[r].pid, &ps[r].status, WNOHANG) != ps[r].pid)
                 continue;
             ps[r].done = 1;
             alive--;
-            if (failed(&ps[r]) && first < 0) {
-                char what[256];
-                describe(&ps[r], r, dir, what, sizeof what);
-                fprintf(stderr, "k3rt launch: %s; stopping the other ranks\n", what);
-                first = r;
-                failed_at = now_s();
-            }
+            if (failed(&ps[r]) && (blame < 0 || (WIFSIGNALED(ps[r].status) &&
+                                                 !WIFSIGNALED(ps[blame].status))))
+                blame = r;
+        }
+        if (blame >= 0 && first < 0) {
+            char what[256];
+            describe(&ps[blame], blame, dir, what, sizeof what);
+            fprintf(stderr, "k3rt launch: %s; stopping the other ranks\n", what);
+            first = blame;
+            failed_at = now_s();
         }
         if (g_interrupted && first < 0) {
             fprintf(stderr, "k3rt launch: interrupted (signal %d): stopping the ranks\n",

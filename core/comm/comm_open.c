@@ -36,6 +36,10 @@ int comm_open_job(const char *want, const comm_mesh *mesh, comm_job *job, k3rt_e
         job->n_local = mesh->dp;
         return comm_local_create(mesh->dp, &job->comms, err);
     }
+    if (!strcmp(b, "nccl"))
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.comm = \"nccl\": the nccl backend "
+                         "(data parallelism across GPUs) is not in this k3rt yet; on the CPU "
+                         "use \"auto\", \"tcp\" or \"mpi\"");
     if (strcmp(b, "mpi") && strcmp(b, "tcp"))
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.comm = \"%s\": this build has the "
                          "backends auto, local, tcp%s", b,

@@ -90,7 +90,7 @@ void status_step(run *r, int64_t step);
 void status_close(run *r);
 /* train_shard.c: ZeRO-1. shard_setup assigns the owners (every parameter to this rank when
  * sharding is off); shard_refs is the refs of this rank's parameters for its optimizer;
- * shard_publish broadcasts each updated parameter from its owner; shard_gather_state
+ * shard_publish (sharded runs only) broadcasts each updated parameter from its owner; shard_gather_state
  * (collective) gives rank 0 every rank's optimizer state in parameter order, the layout an
  * unsharded run writes (shard_release frees it). */
 int shard_on(const run *r);

@@ -135,7 +135,8 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
                             m->grad_buf, 0.0, m->grad_buf, err));
     K3RT_TRY(prof_begin(m->prof, PROF_OPTIMIZER, err));
     K3RT_TRY(rig_step(&c->opt, c->dp, o->lr, step, shard_refs(c), c->n_own, err));
-    PROF_TRY(m->prof, PROF_COMM, shard_publish(c, err));
+    if (c->sharded)
+        PROF_TRY(m->prof, PROF_COMM, shard_publish(c, err));
     K3RT_TRY(model_sync_compute(m, err));
     return prof_end(m->prof, err);
 }

@@ -85,8 +85,6 @@ const k3rt_param_ref *shard_refs(rank_ctx *c)
 
 int shard_publish(rank_ctx *c, k3rt_error *err)
 {
-    if (!c->sharded)
-        return K3RT_OK;
     model *m = &c->m;
     for (int i = 0; i < m->n_params; i++)
         K3RT_TRY(k3rt_broadcast(c->dp, c->stream, m->params[i].master.data,
