@@ -41,11 +41,13 @@ wait_bounded() {
   took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 }
 
-# The pid of rank $2 among the children of pid $1 (by their RANK variable).
-child_rank() {
-  local p
-  for p in $(ps -o pid= --ppid "$1"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return; }
+# The pid of the k3rt process whose environment holds $1 (e.g. RANK=1) and whose command line
+# holds $2 (its output folder); read from /proc, so no ps or pgrep is needed.
+rank_pid() {
+  local d
+  for d in /proc/[0-9]*; do
+    tr '\0' ' ' 2>/dev/null <"$d/cmdline" | grep -qF -- "$2" || continue
+    tr '\0' '\n' 2>/dev/null <"$d/environ" | grep -qx -- "$1" && { echo "${d#/proc/}"; return; }
   done
 }
 

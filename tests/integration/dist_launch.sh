@@ -42,7 +42,7 @@ echo "SIGKILL of rank 1 under k3rt launch, then --resume"
 "$bin" launch -n 2 "${moe[@]}" --out "$work/killed" >"$work/killed.log" 2>&1 &
 launcher=$!
 wait_checkpoint "$work/killed"
-victim=$(child_rank "$launcher" 1)
+victim=$(rank_pid RANK=1 "$work/killed")
 if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then
   wait_bounded "$launcher" 60
   [ "$status" -ne 0 ] || { echo "FAIL: k3rt launch exited 0 after rank 1 was killed"; exit 1; }

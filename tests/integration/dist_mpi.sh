@@ -69,8 +69,7 @@ echo "SIGKILL of rank 1 under mpirun"
   >"$work/killed.log" 2>&1 &
 job=$!
 wait_checkpoint "$work/killed"
-victim=$(pgrep -f "k3rt train.*$work/killed" | while read -r p; do
-  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && echo "$p"; done | head -1)
+victim=$(rank_pid OMPI_COMM_WORLD_RANK=1 "$work/killed")
 [ -n "$victim" ] || { echo "FAIL: rank 1 not found"; exit 1; }
 kill -9 "$victim"
 wait_bounded "$job" 60
