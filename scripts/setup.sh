@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config liblua5.4-dev libjansson-dev check libsubunit-dev
-          libopenblas-openmp-dev zlib1g-dev python3 python3-numpy)
+          libopenblas-openmp-dev zlib1g-dev python3 python3-numpy openmpi-bin libopenmpi-dev)
 # A CUDA build also takes CUTLASS's headers (pinned; the grouped expert GEMMs), installed with
 # pip into .deps/ (git-ignored) rather than into the system's Python.
 cutlass_version=4.2.0.0

@@ -126,7 +126,7 @@ int cmd_train(int argc, char **argv)
         fprintf(stderr, "k3rt train: %s\n", err.msg);
         return 1;
     }
-    if (!o.dry_run && !o.quiet)
+    if (!o.dry_run && !o.quiet && res.rank == 0)
         printf("done: %lld steps in %.1f s, final train loss %.4f, validation loss %.4f\n",
                (long long)res.steps_done, res.seconds, res.final_train_loss, res.final_val_loss);
     return 0;

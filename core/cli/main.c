@@ -37,6 +37,7 @@ static void usage(FILE *to)
             "  check-plugin PATH     conformance checks of one plugin (any kind)\n"
             "  plan RECIPE.lua       parameters, FLOPs and memory per GPU of a recipe on N GPUs\n"
             "  ablate SUITE.lua      train a base recipe and its variants, compare loss vs FLOPs\n"
+            "  launch -n N RECIPE    train with N ranks as processes of this machine\n"
             "\n"
             "Run 'k3rt <command> --help' for a command's options.\n");
 }

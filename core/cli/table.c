@@ -12,6 +12,7 @@ static const cli_command g_commands[] = {
     {"check-plugin", cmd_check_plugin},
     {"plan", cmd_plan},
     {"ablate", cmd_ablate},
+    {"launch", cmd_launch},
     {0, 0},
 };
 

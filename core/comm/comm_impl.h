@@ -22,6 +22,9 @@ typedef struct comm_ops {
     int (*broadcast)(k3rt_comm *c, void *buf, int64_t count, int dtype, int root,
                      k3rt_error *err);
     int (*barrier)(k3rt_comm *c, k3rt_error *err);
+    /* A rank failed: make every rank's current and later collectives fail (local, tcp) or
+     * end the job (mpi: MPI_Abort does not return). */
+    void (*abort)(k3rt_comm *c);
 } comm_ops;
 
 struct k3rt_comm {
@@ -32,12 +35,23 @@ struct k3rt_comm {
     int owns_groups;
 };
 
+/* The plan's mesh: world = dp x ep x cp ranks, cp the fastest axis, then ep, then dp (as
+ * Megatron orders them), so rank = (dp_i * ep + ep_i) * cp + cp_i. */
+typedef struct comm_mesh {
+    int dp, ep, cp;
+} comm_mesh;
+
+/* The colour (the other axes' coordinates) and key (this axis' coordinate) that put `rank`
+ * into its group of K3RT_GROUP_DP, _EP or _CP (comm_mesh.c). */
+void comm_mesh_split(const comm_mesh *m, int rank, int group, int *color, int *key);
+
 /* `local`: size communicators for size threads of this process; comms[r] belongs to the
  * thread of rank r. Sub-groups: dp = the world, ep = cp = the rank alone (ep = cp = 1 until
  * expert and context parallelism land). */
 int comm_local_create(int size, k3rt_comm ***comms, k3rt_error *err);
 void comm_local_destroy(k3rt_comm **comms, int size);
-/* Breaks every current and future collective of c's world with an error (a rank failed). */
-void comm_local_abort(k3rt_comm *c);
+/* A rank failed: c->ops->abort(c) (local: every current and later collective of c's world
+ * returns an error). */
+void comm_abort(k3rt_comm *c);
 
 #endif

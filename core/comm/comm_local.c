@@ -2,43 +2,11 @@
  * Each collective publishes every rank's buffers, meets at a barrier, lets each rank compute
  * its own result from all inputs (reductions in rank order, so all ranks get the same bits),
  * and meets again before anyone may reuse its buffers. */
-#include "comm/comm_impl.h"
+#include "comm/comm_reduce.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* acc op= src over count elements, the sum in rank order (so every rank gets the same bits). */
-#define REDUCE_LOOP(T)                                                       \
-    do {                                                                     \
-        T *a = acc;                                                          \
-        const T *b = src;                                                    \
-        for (int64_t i = 0; i < count; i++) {                                \
-            if (op == K3RT_REDUCE_MAX)                                       \
-                a[i] = b[i] > a[i] ? b[i] : a[i];                            \
-            else if (op == K3RT_REDUCE_MIN)                                  \
-                a[i] = b[i] < a[i] ? b[i] : a[i];                            \
-            else                                                             \
-                a[i] += b[i];                                                \
-        }                                                                    \
-    } while (0)
-
-static int reduce_into(void *acc, const void *src, int64_t count, int dtype, int op,
-                       k3rt_error *err)
-{
-    if (op < K3RT_REDUCE_SUM || op > K3RT_REDUCE_AVG)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "reduce: unknown op %d", op);
-    switch (dtype) {
-    case K3RT_F32: REDUCE_LOOP(float); break;
-    case K3RT_F64: REDUCE_LOOP(double); break;
-    case K3RT_I32: REDUCE_LOOP(int32_t); break;
-    case K3RT_I64: REDUCE_LOOP(int64_t); break;
-    default:
-        return k3rt_fail(err, K3RT_ERR_INVALID, "reduce: dtype %s is not supported by the "
-                         "local backend", k3rt_dtype_name(dtype));
-    }
-    return K3RT_OK;
-}
 
 #define LOCAL_MAX_RANKS 64
 
@@ -87,21 +55,10 @@ static int reduce_ranks(k3rt_comm *c, size_t offset, int64_t count, int dtype, i
 {
     local_world *w = world_of(c);
     memcpy(acc, (const char *)w->send[0] + offset, (size_t)count * k3rt_dtype_size(dtype));
-    int base = op == K3RT_REDUCE_AVG ? K3RT_REDUCE_SUM : op;
     for (int r = 1; r < c->size; r++)
-        K3RT_TRY(reduce_into(acc, (const char *)w->send[r] + offset, count, dtype, base,
+        K3RT_TRY(comm_reduce_into(acc, (const char *)w->send[r] + offset, count, dtype, op,
                                   err));
-    if (op != K3RT_REDUCE_AVG)
-        return K3RT_OK;
-    if (dtype == K3RT_F32)
-        for (int64_t i = 0; i < count; i++)
-            ((float *)acc)[i] /= (float)c->size;
-    else if (dtype == K3RT_F64)
-        for (int64_t i = 0; i < count; i++)
-            ((double *)acc)[i] /= c->size;
-    else
-        return k3rt_fail(err, K3RT_ERR_INVALID, "reduce: AVG needs a float dtype");
-    return K3RT_OK;
+    return comm_reduce_finish(acc, count, dtype, op, c->size, err);
 }
 
 /* Publishes send, lets fill() build this rank's result in a private buffer, and copies it to
@@ -265,7 +222,7 @@ static int local_barrier(k3rt_comm *c, k3rt_error *err)
     return K3RT_OK;
 }
 
-void comm_local_abort(k3rt_comm *c)
+static void local_abort(k3rt_comm *c)
 {
     local_world *w = world_of(c);
     pthread_mutex_lock(&w->lock);
@@ -284,6 +241,7 @@ static const comm_ops local_ops = {
     .recv = local_recv,
     .broadcast = local_broadcast,
     .barrier = local_barrier,
+    .abort = local_abort,
 };
 
 static local_world *world_new(int size)

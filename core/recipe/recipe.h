@@ -16,7 +16,7 @@
  *   "plan":  { "dp", "ep", "cp", "micro_batch", "seq_len", "grad_accum": int,
  *              "device": "auto"|"cpu"|"cuda", "dtype": "auto"|"f32"|"f64"|"bf16",
  *              "threads": int (0 = all cores), "deterministic": bool,
- *              "shard_optimizer": bool },
+ *              "shard_optimizer": bool, "comm": "auto"|"local"|"mpi"|"tcp"|"nccl" },
  *   "train": { "steps", "warmup": int, "schedule": "cosine"|"linear"|"constant",
  *              "min_lr_ratio": num, "seed": int, "grad_clip": num (0 = off),
  *              "log_interval", "eval_interval", "eval_batches" (0 = whole split),

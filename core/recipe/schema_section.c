@@ -26,6 +26,9 @@ static const k3rt_option PLAN_OPTS[] = {
     {"dp", K3RT_OPT_INT, 0, "1", 1, 65536, NULL, "data-parallel ranks"},
     {"ep", K3RT_OPT_INT, 0, "1", 1, 65536, NULL, "expert-parallel ranks"},
     {"cp", K3RT_OPT_INT, 0, "1", 1, 65536, NULL, "context-parallel ranks"},
+    {"comm", K3RT_OPT_STRING, 0, "\"auto\"", K3RT_RANGE_ANY, "auto|local|mpi|tcp|nccl",
+     "how ranks talk: auto = threads of one process (local), or one process per rank when a "
+     "launcher started several (mpi under mpirun, else tcp)"},
     {"micro_batch", K3RT_OPT_INT, 0, "8", 1, 1e6, NULL, "sequences per rank and micro-step"},
     {"seq_len", K3RT_OPT_INT, 0, "256", 1, 1e8, NULL, "tokens per sequence"},
     {"grad_accum", K3RT_OPT_INT, 0, "1", 1, 1e6, NULL, "micro-steps per optimizer step"},

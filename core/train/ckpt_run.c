@@ -31,8 +31,10 @@ static void named_state_free(named_state *s)
     memset(s, 0, sizeof *s);
 }
 
-/* opt may be NULL (a model without its optimizer, e.g. for eval and sample). */
-static int named_state_collect(model *m, rig *opt, named_state *s, k3rt_error *err)
+/* opt may be NULL (a model without its optimizer, e.g. for eval and sample). opt_items, when
+ * given, stands for the optimizer's own state (ZeRO-1: gathered from every rank). */
+static int named_state_collect(model *m, rig *opt, const k3rt_tensor_sink *opt_items,
+                               named_state *s, k3rt_error *err)
 {
     int n = m->n_mods + (opt ? 1 : 0);
     s->sinks = calloc((size_t)n, sizeof *s->sinks);
@@ -46,6 +48,12 @@ static int named_state_collect(model *m, rig *opt, named_state *s, k3rt_error *e
         snprintf(s->prefixes[i], sizeof s->prefixes[i], "%s",
                  i < m->n_mods ? m->mods[i].prefix : "optimizer.");
         s->n = i + 1;
+        if (i == m->n_mods && opt_items) {
+            for (int k = 0; k < opt_items->n; k++)
+                K3RT_TRY(k3rt_tensor_sink_add(&s->sinks[i], opt_items->items[k].name,
+                                              opt_items->items[k].t, K3RT_STAT_LOCAL, err));
+            continue;
+        }
         K3RT_TRY(rig_state(mod, &s->sinks[i], err));
     }
     return K3RT_OK;
@@ -120,7 +128,7 @@ static int write_state(rank_ctx *c, const char *path, json_t **sums, k3rt_error 
 {
     named_state s;
     memset(&s, 0, sizeof s);
-    int rc = named_state_collect(&c->m, &c->opt, &s, err);
+    int rc = named_state_collect(&c->m, &c->opt, c->opt_state, &s, err);
     int total = 0;
     for (int i = 0; i < s.n; i++)
         total += s.sinks[i].n;
@@ -249,7 +257,7 @@ int ckpt_load_states(model *m, rig *opt, const char *path, k3rt_error *err)
     K3RT_TRY(st_open(path, &f, err));
     named_state s;
     memset(&s, 0, sizeof s);
-    int rc = named_state_collect(m, opt, &s, err);
+    int rc = named_state_collect(m, opt, NULL, &s, err);
     for (int i = 0; i < s.n && !rc; i++) {
         for (int j = 0; j < s.sinks[i].n && !rc; j++) {
             char name[208];

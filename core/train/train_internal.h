@@ -1,11 +1,13 @@
-/* State shared by the trainer's files: one `run` for the job, one `rank_ctx` per
- * data-parallel rank (a thread of the local backend). */
+/* State shared by the trainer's files: one `run` for the process, one `rank_ctx` per
+ * data-parallel rank it runs (threads of the local backend, or the one rank of a process of
+ * a multi-process job). */
 #ifndef K3RT_TRAIN_INTERNAL_H
 #define K3RT_TRAIN_INTERNAL_H
 
 #include <pthread.h>
 #include <stdio.h>
 
+#include "comm/comm_open.h"
 #include "model/model.h"
 #include "recipe/recipe.h"
 #include "train/data.h"
@@ -35,7 +37,9 @@ typedef struct run {
     char run_id[160];             /* identity.id: the lineage pruning keeps to */
     json_t *changes;              /* mid-run changes applied so far: [{step, balancer}] */
     json_t *balancer;             /* the balancer spec in effect */
-    k3rt_comm **comms;
+    comm_job job;                 /* the ranks of this process: threads (local) or one */
+    int multi_process;            /* one rank per process (mpi, tcp): each writes only its own */
+    int status_fd;                /* K3RT_LAUNCH_DIR's rank file for k3rt launch, or -1 */
     FILE *metrics;                /* rank 0 */
     train_result result;
     loss_history history;         /* rank 0 */
@@ -51,6 +55,13 @@ typedef struct rank_ctx {
     model m;
     rig opt;
     k3rt_param_ref *refs;
+    /* ZeRO-1 (train_shard.c): each parameter's owning rank, the ones this rank owns (its
+     * optimizer's parameters, in order) and their refs as the optimizer is called with */
+    int sharded, n_own;
+    int *owner, *own;
+    k3rt_param_ref *own_refs;
+    const struct k3rt_tensor_sink *opt_state; /* set while a sharded checkpoint is written:
+                                                 the optimizer state gathered from all ranks */
     float *max_logits;            /* per parameter with qk_clip: [heads] */
     int bad_in_row;
     double interval_loss;
@@ -68,6 +79,32 @@ typedef struct rank_ctx {
  * refuse a folder with checkpoints unless --force; --resume falls back past unusable
  * checkpoints); opens the metrics file. */
 int output_prepare(run *r, k3rt_error *err);
+/* The other processes of a multi-process job, after rank 0's output_prepare: the folder's
+ * paths and (--resume) the checkpoint rank 0 picked; nothing written. */
+int output_follow(run *r, k3rt_error *err);
+
+/* train_status.c: for k3rt launch (K3RT_LAUNCH_DIR set), this rank's pid and current step in
+ * <dir>/rank.<r>, so that the launcher can say which step a rank that died was at. */
+void status_open(run *r, int rank);
+void status_step(run *r, int64_t step);
+void status_close(run *r);
+/* train_shard.c: ZeRO-1. shard_setup assigns the owners (every parameter to this rank when
+ * sharding is off); shard_refs is the refs of this rank's parameters for its optimizer;
+ * shard_publish (sharded runs only) broadcasts each updated parameter from its owner; shard_gather_state
+ * (collective) gives rank 0 every rank's optimizer state in parameter order, the layout an
+ * unsharded run writes (shard_release frees it). */
+int shard_on(const run *r);
+int shard_setup(rank_ctx *c, k3rt_error *err);
+const k3rt_param_ref *shard_refs(rank_ctx *c);
+int shard_publish(rank_ctx *c, k3rt_error *err);
+void shard_free(rank_ctx *c);
+int shard_gather_state(rank_ctx *c, struct k3rt_tensor_sink *out, char ***keep,
+                       k3rt_error *err);
+void shard_release(rank_ctx *c, struct k3rt_tensor_sink *s, char **keep);
+
+/* train_replicas.c: every data-parallel rank holds the same weights (an error naming the
+ * first rank that differs otherwise). */
+int replicas_agree(rank_ctx *c, int64_t step, k3rt_error *err);
 
 /* train_setup.c */
 int run_setup(run *r, const train_options *o, k3rt_error *err);

@@ -134,7 +134,9 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
                  k3rt_axpby(c->stream, m->master_dtype, m->total_numel, r->grad_clip / o->gnorm,
                             m->grad_buf, 0.0, m->grad_buf, err));
     K3RT_TRY(prof_begin(m->prof, PROF_OPTIMIZER, err));
-    K3RT_TRY(rig_step(&c->opt, c->dp, o->lr, step, c->refs, m->n_params, err));
+    K3RT_TRY(rig_step(&c->opt, c->dp, o->lr, step, shard_refs(c), c->n_own, err));
+    if (c->sharded)
+        PROF_TRY(m->prof, PROF_COMM, shard_publish(c, err));
     K3RT_TRY(model_sync_compute(m, err));
     return prof_end(m->prof, err);
 }
@@ -322,7 +324,16 @@ static int maybe_checkpoint(rank_ctx *c, int64_t step, k3rt_error *err)
                      (long long)step, c->bad_in_row, c->bad_in_row > 1 ? "s" : "");
         return K3RT_OK;
     }
+    K3RT_TRY(replicas_agree(c, step, err));
+    struct k3rt_tensor_sink gathered;
+    char **keep = NULL;
+    memset(&gathered, 0, sizeof gathered);
+    if (c->sharded)
+        K3RT_TRY(shard_gather_state(c, &gathered, &keep, err));
+    c->opt_state = c->sharded ? &gathered : NULL;
     int rc = c->rank == 0 ? ckpt_save_run(c, step, err) : K3RT_OK;
+    c->opt_state = NULL;
+    shard_release(c, &gathered, keep);
     if (r->dp > 1) {
         int64_t ok = rc == K3RT_OK;
         K3RT_TRY(k3rt_broadcast(c->comm, c->stream, &ok, 1, K3RT_I64, 0, err));
@@ -383,6 +394,8 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
             rc = train_step(c, step, in, tg, &o, err);
         if (!rc)
             rc = train_profile_end(c, step, err);
+        if (rc == K3RT_ERR_COMM)
+            k3rt_error_prefix(err, "step %lld: ", (long long)step);
         if (rc)
             break;
         json_t *rec = step_record(c, step, &o);
@@ -407,6 +420,7 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
             rc = maybe_checkpoint(c, step, err);
         json_decref(rec);
         r->result.steps_done = step;
+        status_step(r, step);
         if (step == r->opt.stop_after)
             break;
     }
@@ -477,7 +491,9 @@ void *rank_main(void *arg)
         c->rc = run_steps(c, err);
     if (!c->rc)
         c->rc = finish(c, err);
-    if (c->rc && c->r->dp > 1)
-        comm_local_abort(c->comm ? c->comm : c->r->comms[c->rank]);
+    /* Threads of the local backend stop each other; a multi-process job is broken by
+     * train_main once this rank has said why. */
+    if (c->rc && c->r->dp > 1 && !c->r->multi_process)
+        comm_abort(c->comm ? c->comm : c->r->job.comms[c->rank - c->r->job.first_rank]);
     return NULL;
 }

@@ -210,7 +210,7 @@ static int resume_from_checkpoint(run *r, k3rt_error *err)
     return r->balancer ? K3RT_OK : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
 }
 
-int output_prepare(run *r, k3rt_error *err)
+static int set_paths(run *r, k3rt_error *err)
 {
     const char *out = r->opt.out_dir ? r->opt.out_dir : json_string_value(json_object_get(
                                                             r->doc, "out"));
@@ -219,6 +219,20 @@ int output_prepare(run *r, k3rt_error *err)
     if (r->opt.resume && r->opt.force)
         return k3rt_fail(err, K3RT_ERR_INVALID, "--resume continues the run in %s and --force "
                          "replaces it: give one of them", r->out);
+    return K3RT_OK;
+}
+
+int output_follow(run *r, k3rt_error *err)
+{
+    K3RT_TRY(set_paths(r, err));
+    if (r->opt.resume && !r->opt.dry_run)
+        K3RT_TRY(resume_from_checkpoint(r, err));
+    return r->identity ? K3RT_OK : new_identity(r, err);
+}
+
+int output_prepare(run *r, k3rt_error *err)
+{
+    K3RT_TRY(set_paths(r, err));
     if (r->opt.dry_run)
         return new_identity(r, err);
     K3RT_TRY(fs_mkdirs(r->ckpt_root, err));

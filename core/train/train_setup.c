@@ -25,16 +25,6 @@ static int check_plan(run *r, const json_t *plan, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
                          "plan: ep = %lld, cp = %lld: expert and context parallelism are not "
                          "supported yet (use ep = 1, cp = 1)", (long long)ep, (long long)cp);
-    const char *ws = getenv("WORLD_SIZE"), *slurm = getenv("SLURM_NTASKS"),
-               *mpi = getenv("OMPI_COMM_WORLD_SIZE");
-    const char *multi = ws && atoi(ws) > 1 ? "WORLD_SIZE"
-                        : slurm && atoi(slurm) > 1 ? "SLURM_NTASKS"
-                        : mpi && atoi(mpi) > 1 ? "OMPI_COMM_WORLD_SIZE" : NULL;
-    if (multi)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
-                         "%s says this job has several processes: multi-process training (NCCL) "
-                         "is not supported yet; run one process (data parallelism runs as "
-                         "threads of it with plan.dp)", multi);
     r->dp = (int)get_int(plan, "dp");
     r->B = get_int(plan, "micro_batch");
     r->T = get_int(plan, "seq_len");
@@ -42,11 +32,40 @@ static int check_plan(run *r, const json_t *plan, k3rt_error *err)
     if (r->dp < 1 || r->B < 1 || r->T < 1 || r->accum < 1)
         return k3rt_fail(err, K3RT_ERR_INVALID, "plan: dp, micro_batch, seq_len and grad_accum "
                          "must be >= 1");
+    return K3RT_OK;
+}
+
+/* The job's communicators: this process's ranks (all of them as threads, or its one), and
+ * its share of the CPU threads (the processes of one node split the cores). */
+static int open_comm(run *r, const json_t *plan, k3rt_error *err)
+{
+    comm_mesh mesh = {r->dp, (int)get_int(plan, "ep"), (int)get_int(plan, "cp")};
+    K3RT_TRY(comm_open_job(get_str(plan, "comm"), &mesh, &r->job, err));
+    r->multi_process = r->job.n_local == 1 && r->job.world.size > 1;
     int threads = (int)get_int(plan, "threads");
     if (threads <= 0)
         threads = k3rt_cpu_threads();
-    r->threads_per_rank = threads / r->dp > 0 ? threads / r->dp : 1;
+    int sharing = r->multi_process ? r->job.world.local_size : r->dp;
+    r->threads_per_rank = threads / sharing > 0 ? threads / sharing : 1;
     return K3RT_OK;
+}
+
+/* Rank 0 prepares the output folder (claims it, or picks the checkpoint to resume); the other
+ * processes follow once it has, reading only. */
+static int prepare_output(run *r, k3rt_error *err)
+{
+    if (!r->multi_process)
+        return output_prepare(r, err);
+    k3rt_comm *w = r->job.comms[0];
+    int rc = w->rank == 0 ? output_prepare(r, err) : K3RT_OK;
+    int64_t ok = rc == K3RT_OK;
+    K3RT_TRY(k3rt_broadcast(w, NULL, &ok, 1, K3RT_I64, 0, err));
+    if (rc)
+        return rc;
+    if (!ok)
+        return k3rt_fail(err, K3RT_ERR_IO, "rank 0 could not prepare the output folder (its "
+                         "message says why)");
+    return w->rank == 0 ? K3RT_OK : output_follow(r, err);
 }
 
 /* The CPU runs every plugin; the GPU only when every plugin of the recipe has a CUDA path. */
@@ -187,6 +206,7 @@ static int read_train_section(run *r, k3rt_error *err)
 int run_setup(run *r, const train_options *o, k3rt_error *err)
 {
     memset(r, 0, sizeof *r);
+    r->status_fd = -1;
     r->opt = *o;
     pthread_mutex_init(&r->lock, NULL);
     r->result.final_val_loss = NAN;
@@ -199,15 +219,15 @@ int run_setup(run *r, const train_options *o, k3rt_error *err)
     K3RT_TRY(check_plan(r, plan, err));
     K3RT_TRY(choose_device(r, plan, err));
     K3RT_TRY(read_train_section(r, err));
-    K3RT_TRY(output_prepare(r, err));
-    K3RT_TRY(load_data(r, err)); /* --dry-run too: a plan that cannot read its data is not one */
-    return comm_local_create(r->dp, &r->comms, err);
+    K3RT_TRY(open_comm(r, plan, err));
+    K3RT_TRY(prepare_output(r, err));
+    /* --dry-run too: a plan that cannot read its data is not one */
+    return load_data(r, err);
 }
 
 void run_free(run *r)
 {
-    if (r->comms)
-        comm_local_destroy(r->comms, r->dp);
+    comm_close_job(&r->job);
     token_stream_free(&r->train);
     token_stream_free(&r->val);
     if (r->metrics)
@@ -239,6 +259,7 @@ static int build_optimizer(rank_ctx *c, k3rt_error *err)
         p->param = m->params[i].master;  /* fp32 under bf16 compute */
         p->grad = m->params[i].grad;
     }
+    K3RT_TRY(shard_setup(c, err));
     const json_t *spec = json_object_get(r->doc, "optimizer");
     const plugin_entry *e;
     K3RT_TRY(model_resolve_spec(&r->reg, spec, K3RT_KIND_OPTIMIZER, "optimizer", &e, err));
@@ -251,8 +272,8 @@ static int build_optimizer(rank_ctx *c, k3rt_error *err)
     a.vocab = m->vocab;
     a.n_layers = m->n_layers;
     a.layer = -1;
-    a.params = c->refs;
-    a.n_params = m->n_params;
+    a.params = shard_refs(c);
+    a.n_params = c->n_own;
     a.comm = c->comm;
     a.stream = c->stream;
     a.seed = r->seed;
@@ -262,7 +283,7 @@ static int build_optimizer(rank_ctx *c, k3rt_error *err)
 int rank_build(rank_ctx *c, k3rt_error *err)
 {
     run *r = c->r;
-    c->comm = r->comms[c->rank];
+    c->comm = r->job.comms[c->rank - r->job.first_rank];
     c->dp = k3rt_comm_group(c->comm, K3RT_GROUP_DP);
     K3RT_TRY(k3rt_stream_create(r->device, K3RT_STREAM_COMPUTE, &c->stream, err));
     k3rt_stream_set_threads(c->stream, r->threads_per_rank);
@@ -287,6 +308,7 @@ void rank_free(rank_ctx *c)
 {
     rig_destroy(&c->opt);
     model_free(&c->m);
+    shard_free(c);
     free(c->refs);
     free(c->max_logits);
     k3rt_stream_destroy(c->stream);

@@ -6,7 +6,7 @@
 #include "train/train_internal.h"
 #include "util/log.h"
 
-static int dry_run(rank_ctx *c, k3rt_error *err)
+static int print_parameters(rank_ctx *c, k3rt_error *err)
 {
     model *m = &c->m;
     printf("%-44s %-18s %-14s %s\n", "PARAMETER", "SHAPE", "ROLE", "RULE");
@@ -28,30 +28,48 @@ static int dry_run(rank_ctx *c, k3rt_error *err)
     return K3RT_OK;
 }
 
+static int dry_run(run *r, k3rt_error *err)
+{
+    rank_ctx c;
+    memset(&c, 0, sizeof c);
+    c.r = r;
+    int rc = rank_build(&c, err);
+    if (!rc)
+        rc = train_print_header(&c, err);
+    if (!rc)
+        rc = print_parameters(&c, err);
+    rank_free(&c);
+    return rc;
+}
+
+/* This process's ranks: threads of the local backend, or the one rank of a multi-process
+ * job. */
 static int run_ranks(run *r, k3rt_error *err)
 {
-    rank_ctx *ctx = calloc((size_t)r->dp, sizeof *ctx);
-    pthread_t *th = calloc((size_t)r->dp, sizeof *th);
+    int n = r->job.n_local, first = r->job.first_rank;
+    rank_ctx *ctx = calloc((size_t)n, sizeof *ctx);
+    pthread_t *th = calloc((size_t)n, sizeof *th);
     if (!ctx || !th) {
         free(ctx), free(th);
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     }
-    for (int i = 0; i < r->dp; i++) {
+    for (int i = 0; i < n; i++) {
         ctx[i].r = r;
-        ctx[i].rank = i;
+        ctx[i].rank = first + i;
     }
+    status_open(r, first);
     r->t_start = time_now();
-    if (r->dp == 1) {
+    if (n == 1) {
         rank_main(&ctx[0]);
     } else {
-        for (int i = 0; i < r->dp; i++)
+        for (int i = 0; i < n; i++)
             pthread_create(&th[i], NULL, rank_main, &ctx[i]);
-        for (int i = 0; i < r->dp; i++)
+        for (int i = 0; i < n; i++)
             pthread_join(th[i], NULL);
     }
     /* Report the rank that failed first-hand, not one stopped by the abort it caused. */
     int rc = K3RT_OK, pick = -1;
-    for (int i = 0; i < r->dp; i++)
+    for (int i = 0; i < n; i++)
         if (ctx[i].rc && (pick < 0 || (ctx[pick].rc == K3RT_ERR_COMM &&
                                        ctx[i].rc != K3RT_ERR_COMM)))
             pick = i;
@@ -59,13 +77,26 @@ static int run_ranks(run *r, k3rt_error *err)
         rc = ctx[pick].rc;
         *err = ctx[pick].err;
         if (r->dp > 1)
-            k3rt_error_prefix(err, "rank %d: ", pick);
+            k3rt_error_prefix(err, "rank %d: ", first + pick);
     }
-    for (int i = 0; i < r->dp; i++)
+    for (int i = 0; i < n; i++)
         rank_free(&ctx[i]);
+    status_close(r);
     free(ctx);
     free(th);
     return rc;
+}
+
+/* A process of a multi-process job that fails must not leave the others waiting in a
+ * collective: it says why, then breaks the job (mpi: MPI_Abort ends every process; tcp: its
+ * peers see its connections close). */
+static void fail_job(run *r, const k3rt_error *err)
+{
+    if (!r->multi_process || !r->job.comms || !r->job.comms[0])
+        return;
+    if (!strcmp(r->job.backend, "mpi"))  /* MPI_Abort does not return: print it first */
+        fprintf(stderr, "k3rt train: %s\n", err->msg);
+    comm_abort(r->job.comms[0]);
 }
 
 int train_main(const train_options *o, train_result *result, k3rt_error *err)
@@ -75,18 +106,15 @@ int train_main(const train_options *o, train_result *result, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     int rc = run_setup(r, o, err);
     if (!rc && o->dry_run) {
-        rank_ctx c;
-        memset(&c, 0, sizeof c);
-        c.r = r;
-        rc = rank_build(&c, err);
-        if (!rc)
-            rc = train_print_header(&c, err);
-        if (!rc)
-            rc = dry_run(&c, err);
-        rank_free(&c);
+        /* the other processes of a job: rank 0 prints the plan */
+        if (r->job.first_rank == 0)
+            rc = dry_run(r, err);
     } else if (!rc) {
         rc = run_ranks(r, err);
     }
+    if (rc)
+        fail_job(r, err);
+    r->result.rank = r->job.first_rank;
     if (result)
         *result = r->result;
     loss_history_free(&r->history);

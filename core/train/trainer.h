@@ -70,6 +70,7 @@ typedef struct train_result {
     double final_val_loss;          /* NaN when no evaluation ran */
     double first_loss;              /* loss of the first step run */
     double seconds;                 /* training + evaluation wall time */
+    int rank;                       /* this process's first rank: the result is rank 0's */
 } train_result;
 
 int train_main(const train_options *o, train_result *result, k3rt_error *err);

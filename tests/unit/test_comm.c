@@ -1,8 +1,15 @@
-/* The `local` communicator: N ranks as threads; every collective checked on every rank. */
+/* The communicators: `local` (N ranks as threads) and `tcp` (N processes, forked here);
+ * every collective checked on every rank, reductions to the bit of the rank-ordered sum;
+ * a tcp rank that dies is named by the others. (The mpi backend runs the same training
+ * bit for bit as local: tests/integration/dist_mpi.sh.) */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "comm/comm_impl.h"
+#include "comm/comm_tcp.h"
 #include "testutil/testutil.h"
 
 enum { RANKS = 3, COUNT = 5 };
@@ -85,6 +92,21 @@ static void *rank_body(void *arg)
     EXPECT(j, in == 1000 + (r + n - 1) % n);
     EXPECT(j, k3rt_barrier(c, NULL, &err) == 0);
     EXPECT(j, k3rt_send(c, NULL, &out, 1, K3RT_I32, r, &err) == K3RT_ERR_INVALID);
+    /* a long vector not divisible by the ranks (the sliced path of comm_reduce.c) */
+    enum { LONG = 10007 };
+    float *big = malloc(LONG * sizeof *big);
+    for (int i = 0; i < LONG; i++)
+        big[i] = (float)((i * 37 + r * 11) % 101) / 7.0f;
+    EXPECT(j, k3rt_all_reduce(c, NULL, big, big, LONG, K3RT_F32, K3RT_REDUCE_AVG, &err) == 0);
+    int exact = 1;
+    for (int i = 0; i < LONG; i++) {
+        float want = (float)((i * 37) % 101) / 7.0f;
+        for (int q = 1; q < n; q++)
+            want += (float)((i * 37 + q * 11) % 101) / 7.0f;
+        exact &= big[i] == want / (float)n;
+    }
+    EXPECT(j, exact);
+    free(big);
     return NULL;
 }
 
@@ -120,6 +142,89 @@ START_TEST(bad_sizes_are_refused)
 }
 END_TEST
 
+/* Forks `n` processes of a tcp job at a fresh port; each runs body(c) and exits with its
+ * status; returns the children's pids. */
+static void tcp_job(int n, int (*body)(k3rt_comm *c), pid_t *pids)
+{
+    int port = 20000 + (int)(getpid() % 20000);
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            comm_world w = {"test", r, n, r, n, "127.0.0.1", port};
+            comm_mesh mesh = {n, 1, 1};
+            k3rt_comm *c = NULL;
+            k3rt_error err = {0};
+            if (comm_tcp_create(&w, &mesh, 30.0, &c, &err)) {
+                fprintf(stderr, "rank %d: %s\n", r, err.msg);
+                _exit(100);
+            }
+            int rc = body(c);
+            comm_tcp_destroy(c);
+            _exit(rc);
+        }
+    }
+}
+
+static int tcp_body(k3rt_comm *c)
+{
+    job j = {c, 0, ""};
+    rank_body(&j);
+    if (j.failures)
+        fprintf(stderr, "%s\n", j.why);
+    return j.failures ? 1 : 0;
+}
+
+START_TEST(tcp_collectives_on_every_process)
+{
+    pid_t pids[RANKS];
+    tcp_job(RANKS, tcp_body, pids);
+    for (int r = 0; r < RANKS; r++) {
+        int st;
+        ck_assert_int_eq(waitpid(pids[r], &st, 0), pids[r]);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tcp rank %d failed (status %d)",
+                      r, st);
+    }
+}
+END_TEST
+
+/* Rank 1 dies at once; rank 0's next collective fails naming it (exit 0 when it does). */
+static int dies_or_names(k3rt_comm *c)
+{
+    if (k3rt_comm_rank(c) == 1)
+        _exit(3);  /* no goodbye: the kernel closes its sockets, as after SIGKILL */
+    k3rt_error err = {0};
+    float v[4] = {1, 2, 3, 4};
+    int rc = k3rt_all_reduce(c, NULL, v, v, 4, K3RT_F32, K3RT_REDUCE_SUM, &err);
+    char want[64];
+    snprintf(want, sizeof want, "rank 1 (pid ");
+    if (rc == K3RT_ERR_COMM && strstr(err.msg, want) && strstr(err.msg, "all_reduce"))
+        return 0;
+    fprintf(stderr, "rank 0: rc %d: %s\n", rc, err.msg);
+    return 1;
+}
+
+START_TEST(tcp_names_a_rank_that_died)
+{
+    pid_t pids[2];
+    tcp_job(2, dies_or_names, pids);
+    int st0, st1;
+    ck_assert_int_eq(waitpid(pids[0], &st0, 0), pids[0]);
+    ck_assert_int_eq(waitpid(pids[1], &st1, 0), pids[1]);
+    ck_assert_msg(WIFEXITED(st0) && WEXITSTATUS(st0) == 0, "rank 0 did not name rank 1");
+}
+END_TEST
+
+START_TEST(tcp_refuses_a_world_that_is_not_the_plan)
+{
+    comm_world w = {"test", 0, 2, 0, 2, "127.0.0.1", 29999};
+    comm_mesh mesh = {3, 1, 1};
+    k3rt_comm *c = NULL;
+    k3rt_error err = {0};
+    ck_assert_int_eq(comm_tcp_create(&w, &mesh, 1.0, &c, &err), K3RT_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "the job has 2 processes"), "%s", err.msg);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("comm");
@@ -127,5 +232,10 @@ int main(void)
     tcase_add_test(tc, collectives_on_every_rank);
     tcase_add_test(tc, bad_sizes_are_refused);
     suite_add_tcase(s, tc);
+    TCase *tcp = tcase_create("tcp");
+    tcase_add_test(tcp, tcp_collectives_on_every_process);
+    tcase_add_test(tcp, tcp_names_a_rank_that_died);
+    tcase_add_test(tcp, tcp_refuses_a_world_that_is_not_the_plan);
+    suite_add_tcase(s, tcp);
     return tu_run_suite(s);
 }

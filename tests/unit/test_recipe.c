@@ -140,7 +140,7 @@ START_TEST(test_good_recipe_document)
               "{\"plugin\":\"fixture_opt\",\"kind\":\"optimizer\",\"path\":null,\"lr\":0.003,"
               "\"config\":{\"weight_decay\":0.0,\"beta1\":0.9}}");
     same_json(at(doc, "plan"),
-              "{\"dp\":1,\"ep\":1,\"cp\":1,\"micro_batch\":8,\"seq_len\":256,\"grad_accum\":1,"
+              "{\"dp\":1,\"ep\":1,\"cp\":1,\"comm\":\"auto\",\"micro_batch\":8,\"seq_len\":256,\"grad_accum\":1,"
               "\"device\":\"auto\",\"dtype\":\"auto\",\"threads\":0,\"peak_tflops\":0.0,"
               "\"deterministic\":false,\"shard_optimizer\":false}");
     same_json(at(doc, "train"),

@@ -4,8 +4,10 @@
  * at create, the data-parallel group at a balancer's update) and owns the rest of the
  * collectives (k3rt/host.h). Every collective runs on a stream; buffers live on that stream's
  * device. Backends:
- * `local` (N ranks as threads of one process, CPU memory; reductions are summed in rank order,
- * so every rank gets bit-identical results) and `nccl` (one process per GPU).
+ * `local` (N ranks as threads of one process, CPU memory), `mpi` (one process per rank under
+ * mpirun) and `tcp` (one process per rank under k3rt launch or torchrun); on all three
+ * reductions are summed in rank order, so every rank, and every backend, gets bit-identical
+ * results. `nccl` (one process per GPU) is planned.
  */
 #ifndef K3RT_COMM_H
 #define K3RT_COMM_H
@@ -30,7 +32,7 @@ typedef enum k3rt_reduce_op {
 
 K3RT_API int k3rt_comm_rank(const k3rt_comm *c);
 K3RT_API int k3rt_comm_size(const k3rt_comm *c);
-K3RT_API const char *k3rt_comm_backend(const k3rt_comm *c);  /* "local", "nccl" */
+K3RT_API const char *k3rt_comm_backend(const k3rt_comm *c);  /* "local", "mpi", "tcp" */
 
 /* In-place is allowed where send == recv. Counts are in elements of dtype. */
 K3RT_API int k3rt_all_reduce(k3rt_comm *c, k3rt_stream *s, const void *send, void *recv,

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Processes without mpirun (the tcp backend):
+#  - `k3rt launch -n 2` equals 2 threads of the local backend bit for bit (MoE model), and
+#    so does ZeRO-1 (plan.shard_optimizer), which really splits the optimizer state;
+#  - --resume with another plan.dp is refused by name;
+#  - SIGKILL of rank 1 under k3rt launch: the launcher exits non-zero within 60 s naming the
+#    rank, its pid, the signal and the step; a --resume afterwards ends bitwise equal to the
+#    run never interrupted (nothing committed was lost);
+#  - ranks started by hand with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR,
+#    MASTER_PORT): SIGKILL of rank 1 makes rank 0 exit non-zero within 60 s naming rank 1.
+#   dist_launch.sh K3RT_BIN SOURCE_DIR
+set -euo pipefail
+source "$(dirname "$0")/dist_common.sh"
+moe=(scripts/recipes/tiny.lua "${common[@]}" --set plan.micro_batch=2 --set plan.dp=2)
+
+echo "k3rt launch -n 2 vs 2 local threads"
+"$bin" train "${moe[@]}" --out "$work/local"
+"$bin" launch -n 2 "${moe[@]}" --out "$work/launch" >"$work/launch.log"
+$compare "$work/local/metrics.jsonl" "$work/launch/metrics.jsonl" bitwise | sed 's/^/  /'
+same_checkpoint "$work/local" "$work/launch"
+
+echo "ZeRO-1 under k3rt launch -n 2 vs unsharded local threads"
+loud=()
+for a in "${moe[@]}"; do [ "$a" = --quiet ] || loud+=("$a"); done
+"$bin" launch -n 2 "${loud[@]}" --set plan.shard_optimizer=true --out "$work/zero" \
+  >"$work/zero.full" 2>&1 || { cat "$work/zero.full"; exit 1; }
+grep "shard_optimizer:" "$work/zero.full" >"$work/zero.log" || true
+cut -c1-120 "$work/zero.log" | sed 's/^/  /'
+grep -Eq "holds the optimizer state of [0-9]+ of [0-9]+ parameters \((4|5)[0-9]\.[0-9]% " \
+  "$work/zero.log" || { echo "FAIL: the optimizer state is not split in halves"; exit 1; }
+$compare "$work/local/metrics.jsonl" "$work/zero/metrics.jsonl" bitwise | sed 's/^/  /'
+same_checkpoint "$work/local" "$work/zero"
+
+echo "--resume with plan.dp = 1 of a dp = 2 run is refused"
+if "$bin" train "${moe[@]}" --set plan.dp=1 --out "$work/zero" --resume >"$work/re.log" 2>&1; then
+  echo "FAIL: accepted"; exit 1
+fi
+grep -q "plan.dp = 2, this run has 1" "$work/re.log" || { cat "$work/re.log"; exit 1; }
+echo "  $(cut -c1-150 "$work/re.log")"
+
+echo "SIGKILL of rank 1 under k3rt launch, then --resume"
+"$bin" launch -n 2 "${moe[@]}" --out "$work/killed" >"$work/killed.log" 2>&1 &
+launcher=$!
+wait_checkpoint "$work/killed"
+victim=$(rank_pid RANK=1 "$work/killed")
+if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then
+  wait_bounded "$launcher" 60
+  [ "$status" -ne 0 ] || { echo "FAIL: k3rt launch exited 0 after rank 1 was killed"; exit 1; }
+  grep -Eq "k3rt launch: rank 1 \(pid $victim\) was killed by signal 9 \(Killed\) (after step [0-9]+|before its first step)" \
+    "$work/killed.log" || { echo "FAIL: no message naming rank 1:"; cat "$work/killed.log"; exit 1; }
+  echo "  $(grep -m1 'k3rt launch: rank 1' "$work/killed.log") (exit $status, ${took} s)"
+else
+  wait "$launcher"  # the run ended before the kill: resume below still must match
+  echo "  the run finished before the kill"
+fi
+"$bin" launch -n 2 "${moe[@]}" --out "$work/killed" --resume >>"$work/killed.log" 2>&1 ||
+  { echo "FAIL: resume"; tail "$work/killed.log"; exit 1; }
+same_checkpoint "$work/local" "$work/killed"
+
+echo "torchrun-style ranks started by hand, SIGKILL of rank 1"
+port=$((20000 + RANDOM % 20000))
+pids=()
+for r in 0 1; do
+  RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$bin" train "${moe[@]}" --set train.steps=400 --out "$work/torchrun" >"$work/tr$r.log" 2>&1 &
+  pids+=($!)
+done
+wait_checkpoint "$work/torchrun"
+kill -9 "${pids[1]}"
+{ wait "${pids[1]}" || true; } 2>/dev/null
+wait_bounded "${pids[0]}" 60
+[ "$status" -ne 0 ] || { echo "FAIL: rank 0 exited 0 after rank 1 was killed"; exit 1; }
+grep -q "rank 1 (pid ${pids[1]}) closed its connection" "$work/tr0.log" ||
+  { echo "FAIL: rank 0 did not name rank 1:"; cat "$work/tr0.log"; exit 1; }
+echo "  rank 0: $(tail -1 "$work/tr0.log") (exit $status, ${took} s)"
