@@ -1,5 +1,6 @@
 /* `k3rt plan`: recipe and plan checks, parameter components, FLOPs (plan.h). */
 #include "plan/plan.h"
+#include "plan/plan_policy.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,8 @@ int plan_compute(const plan_options *o, plan_report *r, k3rt_error *err)
         rc = count_flops(&m, r, err);
     if (!rc)
         rc = plan_memory(&m, doc, &reg, r, err);
+    if (!rc)
+        rc = plan_policies(&m, json_object_get(doc, "plan"), r, err);
     if (declared)
         model_free(&m);
     recipe_free(rec);

@@ -1,5 +1,6 @@
 /* The plan as text (with its assumptions) and as JSON. */
 #include "plan/plan.h"
+#include "recipe/act_keys.h"
 
 #include <math.h>
 #include <string.h>
@@ -118,6 +119,31 @@ static void print_comm(FILE *f, const plan_report *r)
     }
 }
 
+/* The activation planner's choice per saved-tensor class (plan_policy.c). */
+static void print_policies(FILE *f, const plan_report *r)
+{
+    char b[32], k[32], bud[32];
+    plan_bytes(r->mem_budget, bud, sizeof bud);
+    fprintf(f, "  activation policies (budget %s per GPU%s):\n", bud,
+            r->act_solved ? "" : "; none fits");
+    for (int i = 0; i < r->n_act_cls; i++) {
+        const plan_act_class *c = &r->act_cls[i];
+        plan_bytes(c->bytes, k, sizeof k);
+        plan_bytes(c->mem, b, sizeof b);
+        fprintf(f, "    %-30s x%-4d %-10s %s kept -> %s on the GPU, +%.1f ms per micro-batch%s\n",
+                c->name, c->instances, act_policy_name(c->policy), k, b, 1e3 * c->extra_s,
+                c->fixed ? " (recipe)" : "");
+    }
+    if (r->act_solved) {
+        plan_bytes(r->act_peak, b, sizeof b);
+        fprintf(f, "    saved activations at the peak %s (staging window included), extra time "
+                "%.1f ms per micro-batch, PCIe busy %.1f ms\n", b, 1e3 * r->act_extra_s,
+                1e3 * r->act_pcie_s);
+    } else {
+        fprintf(f, "    %s\n", r->act_msg);
+    }
+}
+
 static void print_memory(FILE *f, const plan_report *r)
 {
     char b[32], p[32];
@@ -145,6 +171,7 @@ static void print_memory(FILE *f, const plan_report *r)
         if (r->roles[role].numel)
             fprintf(f, " %s %.3g", k3rt_role_name(role), r->roles[role].values);
     fprintf(f, " (fp32 values)\n");
+    print_policies(f, r);
     char g[32];
     plan_bytes(r->mem_total, b, sizeof b);
     plan_bytes(r->gpu_mem, g, sizeof g);
@@ -166,10 +193,12 @@ static void print_assumptions(FILE *f, const plan_report *r)
             "  - shard_optimizer = %s: master weights and optimizer states are %ssplit across "
             "the GPUs holding the same parameters (all %d for non-expert, dp x cp = %d for "
             "expert parameters); gradients are never split\n"
-            "  - activations: everything kept for the backward (no recompute, offload or fp8): "
-            "the model's buffers, the plugins' saved bytes and the largest workspace for one "
-            "micro-batch of %lld x %lld tokens, counted in f32 by the CPU plugins (%.1f GB) and "
-            "halved for bf16\n"
+            "  - activations: the model's buffers, the plugins' saved bytes and the largest "
+            "workspace for one micro-batch of %lld x %lld tokens, counted in f32 by the CPU "
+            "plugins (%.1f GB kept) and halved for bf16; each saved-tensor class kept, "
+            "recomputed (at 40%% of 725 TFLOP/s), offloaded (PCIe 50 GB/s each way, hidden "
+            "behind the module's forward and backward) or stored in fp8, as the planner "
+            "chooses within plan.memory_budget (default: the GPU's memory)\n"
             "  - all-to-all: uniform routing, bf16 tokens, ep the fastest axis of the rank "
             "layout (%d GPUs per node)\n"
             "  - not counted: CUDA context, NCCL buffers, allocator fragmentation, the "

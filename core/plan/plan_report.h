@@ -39,6 +39,16 @@ typedef struct plan_act_part {
     double bytes;
 } plan_act_part;
 
+/* One saved-tensor class as the activation planner placed it (plan_policy.c). */
+typedef struct plan_act_class {
+    char name[96];                 /* "mixer.K.activations" */
+    int policy;                    /* act_policy */
+    int fixed;                     /* set by plan.activations */
+    int instances;
+    double bytes;                  /* bf16 bytes of all instances when kept */
+    double mem, extra_s;           /* as placed */
+} plan_act_class;
+
 typedef struct plan_report {
     char recipe[1024];
     int n_layers;
@@ -64,6 +74,15 @@ typedef struct plan_report {
     int n_acts;
     double gpu_mem;
     int fits;
+    /* activation policies (plan_policy.c) */
+    plan_act_class act_cls[PLAN_MAX_COMPONENTS];
+    int n_act_cls;
+    double act_budget;             /* bytes the classes may use (budget minus the rest) */
+    double act_kept_bytes;         /* the classes' bytes with everything kept */
+    double act_peak, act_extra_s, act_pcie_s, act_min_budget;
+    double mem_budget;             /* plan.memory_budget in bytes (gpu_mem when unset) */
+    int act_solved;
+    char act_msg[512];             /* the planner's refusal, when it refused */
     /* expert parallelism (routed MoE layers) */
     int moe_layers, experts, top_k;
     int64_t dispatch_width, combine_width;
