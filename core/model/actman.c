@@ -381,3 +381,17 @@ int actman_before_backward(model *m, int mi, int *recompute, k3rt_error *err)
     point(m, mi, j);
     return K3RT_OK;
 }
+
+void actman_print(const actman *am, FILE *f)
+{
+    fprintf(f, "%-32s %-5s %-10s %s\n", "SAVED CLASS", "x", "POLICY", "MIB EACH");
+    for (int i = 0; i < am->n_cls; i++)
+        fprintf(f, "%-32s %-5d %-10s %.2f%s\n", am->cls[i].name, am->cls[i].instances,
+                act_policy_name(am->cls[i].policy), (double)am->cls[i].bytes / (1 << 20),
+                am->cls[i].fixed ? " (recipe)" : "");
+    fprintf(f, "saved parts: kept %.2f MiB, recompute scratch %.2f MiB, %d staging slot%s of "
+            "%.2f MiB, fp8 %.2f MiB on the device; host arena %.2f MiB\n",
+            (double)am->keep_bytes / (1 << 20), (double)am->scratch_bytes / (1 << 20),
+            am->n_slots, am->n_slots == 1 ? "" : "s", (double)am->slot_bytes / (1 << 20),
+            (double)am->fp8_bytes / (1 << 20), (double)am->host_bytes / (1 << 20));
+}

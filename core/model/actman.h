@@ -19,6 +19,8 @@
 #ifndef K3RT_MODEL_ACTMAN_H
 #define K3RT_MODEL_ACTMAN_H
 
+#include <stdio.h>
+
 #include <jansson.h>
 #include <k3rt/k3rt.h>
 
@@ -90,5 +92,8 @@ int actman_after_forward(struct model *m, int mi, int training, k3rt_error *err)
 void actman_begin_backward(struct model *m);
 /* *recompute = 1: the caller runs the module's forward again before its backward. */
 int actman_before_backward(struct model *m, int mi, int *recompute, k3rt_error *err);
+
+/* The classes with their policies and the region sizes (`k3rt train --dry-run`). */
+void actman_print(const actman *am, FILE *f);
 
 #endif
