@@ -238,6 +238,50 @@ START_TEST(glob_matches_class_names)
 }
 END_TEST
 
+/* The e4m3 encoder against the nearest code found by scanning every magnitude (ties to the
+ * even code), on every code, every midpoint between neighbours and its two float neighbours,
+ * and random values over the whole range. */
+static uint8_t nearest_by_scan(float a)
+{
+    uint8_t best = 0;
+    float best_d = a;
+    for (uint8_t c = 1; c < 0x7f; c++) {
+        float d = fabsf(k3rt_fp8e4m3_to_f32(c) - a);
+        if (d < best_d || (d == best_d && (c & 1) == 0 && (best & 1) == 1)) {
+            best_d = d;
+            best = c;
+        }
+    }
+    return a >= 448.0f ? 0x7e : best;
+}
+
+START_TEST(fp8_encoder_is_nearest_even)
+{
+    int checked = 0;
+    for (int c = 0; c < 0x7e; c++) {
+        float lo = k3rt_fp8e4m3_to_f32((uint8_t)c), hi = k3rt_fp8e4m3_to_f32((uint8_t)(c + 1));
+        float mid = 0.5f * (lo + hi);
+        float probes[] = {lo, mid, nextafterf(mid, 0), nextafterf(mid, 1000), hi};
+        for (int i = 0; i < 5; i++, checked++) {
+            ck_assert_msg(k3rt_f32_to_fp8e4m3(probes[i]) == nearest_by_scan(probes[i]),
+                          "%.9g: %d vs %d", probes[i], k3rt_f32_to_fp8e4m3(probes[i]),
+                          nearest_by_scan(probes[i]));
+            ck_assert_int_eq(k3rt_f32_to_fp8e4m3(-probes[i]), 0x80 | nearest_by_scan(probes[i]));
+        }
+    }
+    k3rt_rng rng;
+    k3rt_rng_seed(&rng, 5, 0);
+    for (int i = 0; i < 20000; i++, checked++) {
+        float a = (float)(ldexp(1.0 + k3rt_rng_normal(&rng) * 0.3, (int)(i % 24) - 14));
+        a = fabsf(a);
+        ck_assert_int_eq(k3rt_f32_to_fp8e4m3(a), nearest_by_scan(a));
+    }
+    ck_assert_int_eq(k3rt_f32_to_fp8e4m3(1e6f), 0x7e);
+    ck_assert_int_eq(k3rt_f32_to_fp8e4m3(NAN), 0x7f);
+    ck_assert_int_gt(checked, 20000);
+}
+END_TEST
+
 /* Each element within 2^-4 of itself (e4m3 keeps 3 mantissa bits: half an ulp is 2^-4
  * relative) plus half the smallest subnormal step of its tile (2^-10 x scale); every tile's
  * largest element exactly representable up to that rounding. */
@@ -287,6 +331,7 @@ int main(void)
     tcase_add_test(tc, recipe_keys_are_validated);
     tcase_add_test(tc, glob_matches_class_names);
     tcase_add_test(tc, fp8_tiles_round_within_bounds);
+    tcase_add_test(tc, fp8_encoder_is_nearest_even);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
