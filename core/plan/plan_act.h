@@ -28,6 +28,7 @@ typedef struct act_cost {
     double recompute_s;  /* one instance */
     double overlap_s;    /* compute an offload copy of one instance can hide behind */
     int fixed;           /* -1: the planner chooses; else the policy the recipe set */
+    int no_recompute;    /* kept or moved only (the engine's own buffers) */
     /* the solution */
     int policy;
     double mem, time, pcie;
@@ -40,6 +41,7 @@ typedef struct act_plan {
     double window;       /* staging bytes once any class is not kept */
     double hbm_bw, pcie_bw;
     double pcie_capacity_s;
+    int recompute_only;  /* free classes keep or recompute (no offload, no fp8) */
     /* the solution */
     double peak, extra_s, pcie_s;
     double min_budget;   /* the smallest budget any choice fits (set also on failure) */

@@ -19,32 +19,121 @@ static double budget_bytes(const json_t *plan, double gpu_mem)
     return gpu_mem;
 }
 
+/* Step time and MFU under the stated assumptions: one micro-batch's compute on the largest
+ * stage at PLAN_MFU of the peak plus the planner's extra time, times the micro-batches, over
+ * (1 - bubble); half of the expert all-to-all exposed (the rest overlapped), off-node at
+ * PLAN_NET_BW, on-node at PLAN_NVLINK_BW; data-parallel and pipeline traffic overlapped. */
+static void predict_step(plan_report *r, double extra_s, double rate, double stage_tokens)
+{
+    double mb = (r->fwd_token + r->bwd_token) * stage_tokens / rate + extra_s;
+    double moe = (double)r->moe_layers * r->stage_layers / r->n_layers;
+    double a2a = 2 * r->a2a_bytes * moe;  /* forward and backward */
+    double a2a_s = a2a * (r->a2a_off_node / PLAN_NET_BW +
+                          (r->a2a_off_rank - r->a2a_off_node) / PLAN_NVLINK_BW);
+    r->step_compute_s = (double)r->grad_accum * mb;
+    r->step_s = r->step_compute_s / (1 - r->bubble) + 0.5 * (double)r->grad_accum * a2a_s;
+    r->mfu = r->flops_per_step / r->gpus / (r->step_s * PLAN_PEAK_FLOPS);
+}
+
+/* Classes of one module type share "<slot>.<tag>." (act_policy.h). */
+static int same_module(const char *a, const char *b)
+{
+    const char *da = strrchr(a, '.'), *db = strrchr(b, '.');
+    return da - a == db - b && !strncmp(a, b, (size_t)(da - a));
+}
+
+/* Bytes of one instance of class i's module (every class of its type). */
+static double module_bytes(const act_cost *c, int n, int i)
+{
+    double sum = 0;
+    for (int j = 0; j < n; j++)
+        if (same_module(c[i].name, c[j].name))
+            sum += c[j].bytes;
+    return sum;
+}
+
+/* The runtime recomputes a module whole (actman.h): where the planner chose recompute for one
+ * class of a module type, every class of that type is recomputed (memory only falls) and the
+ * module's forward is charged once per instance, not once per class. */
+static void whole_module_recompute(act_plan *p, const double *forward_s)
+{
+    for (int i = 0; i < p->n; i++) {
+        if (p->cls[i].policy != ACT_RECOMPUTE)
+            continue;
+        for (int j = 0; j < p->n; j++)
+            if (same_module(p->cls[i].name, p->cls[j].name) && p->cls[j].policy != ACT_RECOMPUTE) {
+                p->peak -= p->cls[j].mem;
+                p->extra_s -= p->cls[j].time;
+                p->pcie_s -= p->cls[j].pcie;
+                p->cls[j].policy = ACT_RECOMPUTE;
+                p->cls[j].mem = p->cls[j].pcie = 0;
+            }
+    }
+    for (int i = 0; i < p->n; i++) {
+        if (p->cls[i].policy != ACT_RECOMPUTE)
+            continue;
+        int first = 1;
+        for (int j = 0; j < i; j++)
+            first &= !same_module(p->cls[i].name, p->cls[j].name);
+        double t = first ? forward_s[i] * p->cls[i].instances : 0;
+        p->extra_s += t - p->cls[i].time;
+        p->cls[i].time = t;
+    }
+}
+
 int plan_policies(model *m, const json_t *plan, plan_report *r, k3rt_error *err)
 {
     actman am;
     int64_t T = r->seq_len / r->cp;
     K3RT_TRY(actman_plan(m, r->micro_batch, T, json_object_get(plan, "activations"), &am,
                          err));
-    int n = am.n_cls < PLAN_MAX_COMPONENTS ? am.n_cls : PLAN_MAX_COMPONENTS;
-    act_cost *c = calloc((size_t)(n ? n : 1), sizeof *c);
-    if (!c) {
+    /* the classes, and one more: the engine's sublayer inputs (plan only, see below) */
+    int n = am.n_cls < PLAN_MAX_ACT_CLASSES - 1 ? am.n_cls : PLAN_MAX_ACT_CLASSES - 1;
+    act_cost *c = calloc((size_t)n + 1, sizeof *c);
+    double *forward_s = calloc((size_t)n + 1, sizeof *forward_s);
+    if (!c || !forward_s) {
+        free(c);
+        free(forward_s);
         actman_free(&am);
         return k3rt_fail(err, K3RT_ERR_NOMEM, "plan: out of memory");
     }
     double rate = PLAN_PEAK_FLOPS * PLAN_MFU, largest = 0;
+    double stage = (double)r->stage_layers / m->n_layers;
+    double tokens = (double)r->micro_batch * (double)T;
     r->act_kept_bytes = 0;
     for (int i = 0; i < n; i++) {
         const act_class *k = &am.cls[i];
         snprintf(c[i].name, sizeof c[i].name, "%s", k->name);
         c[i].bytes = 0.5 * (double)k->bytes;  /* the CPU plugins count f32; bf16 on the GPU */
         c[i].elem_bytes = 2;
-        c[i].instances = k->instances;
+        /* the largest stage's share of the layers, each of its micro-batches in flight */
+        c[i].instances = (int)ceil(k->instances * stage - 1e-9) * r->in_flight;
         c[i].fp8_ok = k->fp8_ok;
-        c[i].recompute_s = k->recompute_flops / rate;
-        c[i].overlap_s = 3 * k->recompute_flops / rate;  /* its forward and backward */
+        forward_s[i] = k->recompute_flops / rate;  /* the module's forward */
+        c[i].overlap_s = 3 * forward_s[i];          /* its forward and backward */
         c[i].fixed = k->fixed ? k->policy : -1;
-        r->act_kept_bytes += c[i].bytes * c[i].instances;
-        largest = fmax(largest, c[i].bytes);
+        /* as plan_memory scaled the arena: the stage's share, times the micro-batches */
+        r->act_kept_bytes += c[i].bytes * k->instances * stage * r->in_flight;
+    }
+    /* The engine keeps every sublayer's input (bf16 [N, d], two per layer) for its backward;
+     * the planner may offload them, which the runtime does not do yet (the report says so). */
+    snprintf(c[n].name, sizeof c[n].name, "%s", PLAN_SUBLAYER_INPUTS);
+    c[n].bytes = 2.0 * 2 * (double)r->micro_batch * (double)T * (double)m->d;
+    c[n].elem_bytes = 2;
+    c[n].instances = r->stage_layers * r->in_flight;
+    c[n].overlap_s = (r->fwd_token + r->bwd_token) * tokens / m->n_layers / rate;
+    c[n].fixed = -1;
+    c[n].no_recompute = 1;
+    double hs_kept = c[n].bytes * c[n].instances;
+    r->act_kept_bytes += hs_kept;
+    n++;
+    /* The knapsack charges a recomputed class its byte share of the module's forward (and
+     * whole_module_recompute corrects the chosen plan); the window holds three staging slots
+     * and the recompute scratch, each one module's parts. */
+    for (int i = 0; i < n; i++) {
+        double mod = module_bytes(c, n, i);
+        c[i].recompute_s = mod > 0 ? forward_s[i] * c[i].bytes / mod : 0;
+        largest = fmax(largest, mod);
     }
     actman_free(&am);
     act_plan p;
@@ -55,13 +144,39 @@ int plan_policies(model *m, const json_t *plan, plan_report *r, k3rt_error *err)
     double rest = r->mem_weights + r->mem_master + r->mem_grads + r->mem_optimizer +
                   (r->mem_activations - r->act_kept_bytes);
     p.budget = r->act_budget = r->mem_budget - rest;
-    p.window = 4 * largest;  /* three staging slots and the recompute scratch */
+    p.window = largest;  /* recompute only: the scratch alone */
+    p.recompute_only = 1;
     p.hbm_bw = PLAN_HBM_BW;
     p.pcie_bw = PLAN_PCIE_BW;
-    double tokens = (double)r->micro_batch * (double)T;
-    p.pcie_capacity_s = (r->fwd_token + r->bwd_token) * tokens / rate;
+    p.pcie_capacity_s = (r->fwd_token + r->bwd_token) * tokens * stage / rate;
+    /* Twice: recompute only (one module's scratch), then every policy (three staging slots
+     * as well); the faster plan that fits wins. */
     k3rt_error perr = {0};
-    r->act_solved = act_plan_solve(&p, &perr) == K3RT_OK;
+    act_cost *c2 = malloc((size_t)(n ? n : 1) * sizeof *c2);
+    if (!c2) {
+        free(c);
+        free(forward_s);
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "plan: out of memory");
+    }
+    memcpy(c2, c, (size_t)n * sizeof *c2);
+    act_plan q = p;
+    q.cls = c2;
+    q.recompute_only = 0;
+    q.window = 4 * largest;
+    int ok1 = act_plan_solve(&p, &perr) == K3RT_OK;
+    if (ok1)
+        whole_module_recompute(&p, forward_s);
+    int ok2 = act_plan_solve(&q, &perr) == K3RT_OK;
+    if (ok2)
+        whole_module_recompute(&q, forward_s);
+    if (ok2 && (!ok1 || q.extra_s < p.extra_s)) {
+        memcpy(c, c2, (size_t)n * sizeof *c);
+        p = q;
+        p.cls = c;
+    }
+    p.min_budget = fmin(p.min_budget, q.min_budget);
+    free(c2);
+    r->act_solved = ok1 || ok2;
     r->act_min_budget = p.min_budget + rest;
     r->act_msg[0] = 0;
     if (!r->act_solved)
@@ -80,6 +195,7 @@ int plan_policies(model *m, const json_t *plan, plan_report *r, k3rt_error *err)
         o->mem = r->act_solved ? c[i].mem : o->bytes;
         o->extra_s = r->act_solved ? c[i].time : 0;
     }
+    predict_step(r, p.extra_s, rate, tokens * stage);
     if (r->act_solved) {
         r->act_peak = p.peak;
         r->act_extra_s = p.extra_s;
@@ -89,5 +205,6 @@ int plan_policies(model *m, const json_t *plan, plan_report *r, k3rt_error *err)
         r->fits = r->mem_total <= r->mem_budget && r->mem_total <= r->gpu_mem;
     }
     free(c);
+    free(forward_s);
     return K3RT_OK;
 }

@@ -14,6 +14,8 @@
 #define PLAN_MFU 0.4            /* the share of it recompute runs at */
 #define PLAN_PCIE_BW 50e9       /* bytes/s each way, PCIe Gen5 x16 host link */
 #define PLAN_HBM_BW 4.24e12     /* measured device copy bandwidth */
+#define PLAN_NET_BW 50e9        /* bytes/s per GPU off the node (one 400 Gb/s NIC per GPU) */
+#define PLAN_NVLINK_BW 400e9    /* bytes/s per GPU within the node */
 
 /* Fills r->act_* after plan_memory: r->mem_activations and r->fits then reflect the plan. */
 int plan_policies(model *m, const json_t *plan, plan_report *r, k3rt_error *err);

@@ -148,9 +148,10 @@ static void print_memory(FILE *f, const plan_report *r)
 {
     char b[32], p[32];
     plan_human(r->rank_params, p, sizeof p);
-    fprintf(f, "\nmemory per GPU (plan dp %d x ep %d x cp %d = %d GPU%s, shard_optimizer = %s)\n",
-            r->dp, r->ep, r->cp, r->gpus, r->gpus > 1 ? "s" : "",
-            r->shard_optimizer ? "true" : "false");
+    fprintf(f, "\nmemory per GPU (plan dp %d x ep %d x cp %d x pp %d = %d GPU%s, "
+            "shard_optimizer = %s, shard_gradients = %s)\n", r->dp, r->ep, r->cp, r->pp,
+            r->gpus, r->gpus > 1 ? "s" : "", r->shard_optimizer ? "true" : "false",
+            r->shard_gradients ? "true" : "false");
     fprintf(f, "  parameters held            %s\n", p);
     const char *label[] = {"weights (bf16)", "master weights (fp32)", "gradients (fp32)",
                            "optimizer states (fp32)", "activations (bf16)"};
@@ -179,20 +180,54 @@ static void print_memory(FILE *f, const plan_report *r)
             r->fits ? "fits" : "does NOT fit");
 }
 
+/* The pipeline, the predicted step and MFU, and what of the plan k3rt can run today. */
+static void print_step(FILE *f, const plan_report *r)
+{
+    char b[32];
+    if (r->pp > 1) {
+        plan_bytes(r->pp_bytes, b, sizeof b);
+        fprintf(f, "\npipeline: %d stages of up to %d layers, 1F1B over %lld micro-batches: %d in "
+                "flight on stage 0, bubble (p-1)/(m+p-1) = %.1f%%; each stage boundary sends %s "
+                "per micro-batch forward and as much backward (bf16 [mb, seq/cp, d_model])\n",
+                r->pp, r->stage_layers, (long long)r->grad_accum, r->in_flight,
+                100 * r->bubble, b);
+    }
+    fprintf(f, "\npredicted step: compute %.2f s, step %.2f s, MFU %.1f%% of 725 TFLOP/s "
+            "(assumptions below)\n", r->step_compute_s, r->step_s, 100 * r->mfu);
+    int hs_moved = 0;
+    for (int i = 0; i < r->n_act_cls; i++)
+        hs_moved |= !strcmp(r->act_cls[i].name, PLAN_SUBLAYER_INPUTS) &&
+                    r->act_cls[i].policy != ACT_KEEP;
+    int today = r->pp == 1 && !r->shard_gradients && r->ep == 1 && r->cp == 1 && !hs_moved;
+    fprintf(f, "runs in k3rt today: %s", today ? "yes" : "no —");
+    if (r->pp > 1)
+        fprintf(f, " no pipeline execution (plan.pp > 1 is planned only);");
+    if (r->shard_gradients)
+        fprintf(f, " gradients are not sharded (plan.shard_gradients is planned only);");
+    if (hs_moved)
+        fprintf(f, " the engine keeps every sublayer input on the device (offloading %s is "
+                "planned only);", PLAN_SUBLAYER_INPUTS);
+    if (r->ep > 1 || r->cp > 1)
+        fprintf(f, " expert and context parallelism do not train across ranks yet (plan.ep, "
+                "plan.cp);");
+    fprintf(f, "\n");
+}
+
 static void print_assumptions(FILE *f, const plan_report *r)
 {
     fprintf(f,
             "\nassumptions\n"
-            "  - ranks = dp x ep x cp = --gpus; each (dp, ep) pair trains its own micro-batches, "
-            "cp splits each sequence\n"
-            "  - every GPU holds every non-expert parameter (the plan has no tensor or pipeline "
+            "  - ranks = dp x ep x cp x pp = --gpus; each (dp, ep) pair trains its own "
+            "micro-batches, cp splits each sequence, pp splits the layers into stages (the "
+            "largest stage is sized, charged the embedding, head and final norm as well)\n"
+            "  - every GPU of a stage holds the stage's non-expert parameters (no tensor "
             "parallelism); routed-expert matrices are split across the ep ranks and replicated "
             "across dp x cp\n"
             "  - bf16 weights (2 B), fp32 master weights (4 B), fp32 gradients (4 B), fp32 "
             "optimizer states as the optimizer plugin sizes them per role\n"
             "  - shard_optimizer = %s: master weights and optimizer states are %ssplit across "
-            "the GPUs holding the same parameters (all %d for non-expert, dp x cp = %d for "
-            "expert parameters); gradients are never split\n"
+            "the GPUs holding the same parameters (all %d of a stage for non-expert, dp x cp = %d "
+            "for expert parameters); gradients too under shard_gradients (ZeRO-2): %s\n"
             "  - activations: the model's buffers, the plugins' saved bytes and the largest "
             "workspace for one micro-batch of %lld x %lld tokens, counted in f32 by the CPU "
             "plugins (%.1f GB kept) and halved for bf16; each saved-tensor class kept, "
@@ -201,11 +236,15 @@ static void print_assumptions(FILE *f, const plan_report *r)
             "chooses within plan.memory_budget (default: the GPU's memory)\n"
             "  - all-to-all: uniform routing, bf16 tokens, ep the fastest axis of the rank "
             "layout (%d GPUs per node)\n"
+            "  - step: compute at 40%% of 725 TFLOP/s on the largest stage plus the activation "
+            "planner's extra time, over (1 - bubble); half the expert all-to-all exposed "
+            "(off-node 50 GB/s, on-node 400 GB/s per GPU); data-parallel reductions and "
+            "pipeline sends overlapped\n"
             "  - not counted: CUDA context, NCCL buffers, allocator fragmentation, the "
             "optimizer's scratch, the KDA conv halo and MLA's context-parallel key/value "
             "gather\n",
-            r->shard_optimizer ? "true" : "false", r->shard_optimizer ? "" : "not ", r->gpus,
-            r->dp * r->cp, (long long)r->micro_batch, (long long)(r->seq_len / r->cp),
+            r->shard_optimizer ? "true" : "false", r->shard_optimizer ? "" : "not ",
+            r->gpus / r->pp, r->dp * r->cp, r->shard_gradients ? "true" : "false", (long long)r->micro_batch, (long long)(r->seq_len / r->cp),
             r->act_f32_bytes / 1e9, r->node_gpus);
 }
 
@@ -218,6 +257,7 @@ void plan_print(FILE *f, const plan_report *r)
     print_flops(f, r);
     print_comm(f, r);
     print_memory(f, r);
+    print_step(f, r);
     print_assumptions(f, r);
 }
 

@@ -28,6 +28,8 @@ static const k3rt_option PLAN_OPTS[] = {
     {"dp", K3RT_OPT_INT, 0, "1", 1, 65536, NULL, "data-parallel ranks"},
     {"ep", K3RT_OPT_INT, 0, "1", 1, 65536, NULL, "expert-parallel ranks"},
     {"cp", K3RT_OPT_INT, 0, "1", 1, 65536, NULL, "context-parallel ranks"},
+    {"pp", K3RT_OPT_INT, 0, "1", 1, 4096, NULL,
+     "pipeline stages, 1F1B (`k3rt plan` only: training has no pipeline execution yet)"},
     {"micro_batch", K3RT_OPT_INT, 0, "8", 1, 1e6, NULL, "sequences per rank and micro-step"},
     {"seq_len", K3RT_OPT_INT, 0, "256", 1, 1e8, NULL, "tokens per sequence"},
     {"grad_accum", K3RT_OPT_INT, 0, "1", 1, 1e6, NULL, "micro-steps per optimizer step"},
@@ -42,6 +44,9 @@ static const k3rt_option PLAN_OPTS[] = {
     {"shard_optimizer", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,
      "fp32 master weights and optimizer states sharded across the ranks that hold the same "
      "parameters (ZeRO-1); sizes `k3rt plan`'s memory"},
+    {"shard_gradients", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,
+     "gradients reduce-scattered to their shard too (ZeRO-2; `k3rt plan` only: training does "
+     "not shard gradients yet)"},
 };
 
 static const char *const PLAN_KEYS[] = {"activations", "memory_budget"};

@@ -220,7 +220,7 @@ START_TEST(test_plan_errors)
     plan_fails(ep3, 1, 3, "does not divide the 8 experts");
     const char *cp3[] = {"plan.cp=3"};
     plan_fails(cp3, 1, 3, "does not divide seq_len = 128");
-    plan_fails(NULL, 0, 2, "dp x ep x cp = 1 x 1 x 1 = 1 ranks, but --gpus is 2");
+    plan_fails(NULL, 0, 2, "dp x ep x cp x pp = 1 x 1 x 1 x 1 = 1 ranks, but --gpus is 2");
 }
 END_TEST
 
