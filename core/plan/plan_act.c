@@ -13,6 +13,8 @@ static int allowed(const act_plan *p, const act_cost *c, int o)
         return o == c->fixed;
     if (c->no_recompute && o == ACT_RECOMPUTE)
         return 0;
+    if (c->no_move && (o == ACT_OFFLOAD || o == ACT_FP8))
+        return 0;
     if (p->recompute_only)
         return o == ACT_KEEP || o == ACT_RECOMPUTE;
     return o != ACT_FP8 || c->fp8_ok;

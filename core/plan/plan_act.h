@@ -29,6 +29,7 @@ typedef struct act_cost {
     double overlap_s;    /* compute an offload copy of one instance can hide behind */
     int fixed;           /* -1: the planner chooses; else the policy the recipe set */
     int no_recompute;    /* kept or moved only (the engine's own buffers) */
+    int no_move;         /* kept or recomputed only */
     /* the solution */
     int policy;
     double mem, time, pcie;

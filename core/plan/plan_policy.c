@@ -81,6 +81,99 @@ static void whole_module_recompute(act_plan *p, const double *forward_s)
     }
 }
 
+/* The window the runtime needs for the chosen policies (actman.h): the largest recomputed
+ * module's parts (the scratch) and three staging slots of the largest module's moved parts. */
+static double needed_window(const act_plan *p)
+{
+    double scratch = 0, slot = 0;
+    for (int i = 0; i < p->n; i++) {
+        double moved = 0;
+        int rec = 0;
+        for (int j = 0; j < p->n; j++) {
+            if (!same_module(p->cls[i].name, p->cls[j].name))
+                continue;
+            rec |= p->cls[j].policy == ACT_RECOMPUTE;
+            if (p->cls[j].policy == ACT_OFFLOAD || p->cls[j].policy == ACT_FP8)
+                moved += p->cls[j].bytes;
+        }
+        if (rec)
+            scratch = fmax(scratch, module_bytes(p->cls, p->n, i));
+        slot = fmax(slot, moved);
+    }
+    return scratch + 3 * slot;
+}
+
+/* The window depends on the choice, the knapsack takes it as given: solve for candidate
+ * windows — a scratch S of 0 or one module type's bytes, staging M of 0 or three of one
+ * class's bytes, with recompute refused to modules larger than S and moves to classes larger
+ * than M / 3 — keep plans whose real window is within what they assumed, and take the
+ * fastest. The first candidate, four of the largest module, holds any plan. p->cls receives
+ * the winner; returns 1 when one fits, 0 when none does (p->min_budget the least), -1 out
+ * of memory. */
+static int best_plan(act_plan *p, double largest, const double *forward_s)
+{
+    int n = p->n, found = 0;
+    double *S = malloc((size_t)(n + 1) * sizeof *S), *M = malloc((size_t)(n + 1) * sizeof *M);
+    act_cost *trial = malloc((size_t)n * sizeof *trial), *best = malloc((size_t)n * sizeof *best);
+    if (!S || !M || !trial || !best) {
+        free(S), free(M), free(trial), free(best);
+        return -1;
+    }
+    int nS = 0, nM = 0;
+    S[nS++] = 0;
+    M[nM++] = 0;
+    for (int i = 0; i < n; i++) {
+        double s = module_bytes(p->cls, n, i), mv = 3 * p->cls[i].bytes;
+        int dup = 0;
+        for (int k = 0; k < nS; k++)
+            dup |= S[k] == s;
+        if (!dup)
+            S[nS++] = s;
+        dup = 0;
+        for (int k = 0; k < nM; k++)
+            dup |= M[k] == mv;
+        if (!dup)
+            M[nM++] = mv;
+    }
+    act_plan winner = *p;
+    double least = INFINITY;
+    k3rt_error e;
+    for (int si = -1; si < nS; si++)
+        for (int mi = si < 0 ? nM - 1 : 0; mi < nM; mi++) {
+            act_plan q = *p;
+            memcpy(trial, p->cls, (size_t)n * sizeof *trial);
+            q.cls = trial;
+            q.window = si < 0 ? 4 * largest : S[si] + M[mi];
+            for (int i = 0; si >= 0 && i < n; i++) {
+                trial[i].no_recompute |= module_bytes(trial, n, i) > S[si];
+                trial[i].no_move |= 3 * trial[i].bytes > M[mi];
+            }
+            memset(&e, 0, sizeof e);
+            int ok = act_plan_solve(&q, &e) == K3RT_OK;
+            least = fmin(least, q.min_budget);
+            if (!ok)
+                continue;
+            whole_module_recompute(&q, forward_s);
+            double need = needed_window(&q), moved = 0;
+            for (int i = 0; i < n; i++)
+                moved += trial[i].policy != ACT_KEEP;
+            q.peak += (moved ? need : 0) - (moved ? q.window : 0);
+            if (need > q.window + 1 || q.peak > q.budget || (found && q.extra_s >= winner.extra_s))
+                continue;
+            found = 1;
+            winner = q;
+            memcpy(best, trial, (size_t)n * sizeof *best);
+        }
+    if (found) {
+        memcpy(p->cls, best, (size_t)n * sizeof *best);
+        winner.cls = p->cls;
+        *p = winner;
+    }
+    p->min_budget = least;
+    free(S), free(M), free(trial), free(best);
+    return found;
+}
+
 int plan_policies(model *m, const json_t *plan, plan_report *r, k3rt_error *err)
 {
     actman am;
@@ -144,39 +237,16 @@ int plan_policies(model *m, const json_t *plan, plan_report *r, k3rt_error *err)
     double rest = r->mem_weights + r->mem_master + r->mem_grads + r->mem_optimizer +
                   (r->mem_activations - r->act_kept_bytes);
     p.budget = r->act_budget = r->mem_budget - rest;
-    p.window = largest;  /* recompute only: the scratch alone */
-    p.recompute_only = 1;
     p.hbm_bw = PLAN_HBM_BW;
     p.pcie_bw = PLAN_PCIE_BW;
     p.pcie_capacity_s = (r->fwd_token + r->bwd_token) * tokens * stage / rate;
-    /* Twice: recompute only (one module's scratch), then every policy (three staging slots
-     * as well); the faster plan that fits wins. */
-    k3rt_error perr = {0};
-    act_cost *c2 = malloc((size_t)(n ? n : 1) * sizeof *c2);
-    if (!c2) {
+    int solved = best_plan(&p, largest, forward_s);
+    if (solved < 0) {
         free(c);
         free(forward_s);
         return k3rt_fail(err, K3RT_ERR_NOMEM, "plan: out of memory");
     }
-    memcpy(c2, c, (size_t)n * sizeof *c2);
-    act_plan q = p;
-    q.cls = c2;
-    q.recompute_only = 0;
-    q.window = 4 * largest;
-    int ok1 = act_plan_solve(&p, &perr) == K3RT_OK;
-    if (ok1)
-        whole_module_recompute(&p, forward_s);
-    int ok2 = act_plan_solve(&q, &perr) == K3RT_OK;
-    if (ok2)
-        whole_module_recompute(&q, forward_s);
-    if (ok2 && (!ok1 || q.extra_s < p.extra_s)) {
-        memcpy(c, c2, (size_t)n * sizeof *c);
-        p = q;
-        p.cls = c;
-    }
-    p.min_budget = fmin(p.min_budget, q.min_budget);
-    free(c2);
-    r->act_solved = ok1 || ok2;
+    r->act_solved = solved;
     r->act_min_budget = p.min_budget + rest;
     r->act_msg[0] = 0;
     if (!r->act_solved)
