@@ -231,12 +231,6 @@ int actman_plan(model *m, int64_t B, int64_t T, const json_t *policies, actman *
     return K3RT_OK;
 }
 
-void actman_set_policy(actman *am, int cls, int policy)
-{
-    am->cls[cls].policy = policy;
-    lay_out(am);
-}
-
 int64_t actman_device_bytes(const actman *am)
 {
     return am->keep_bytes + am->scratch_bytes + (int64_t)am->n_slots * am->slot_bytes +

@@ -77,8 +77,6 @@ typedef struct actman {
  * a GPU run fail with a message naming the pattern and the classes. */
 int actman_plan(struct model *m, int64_t B, int64_t T, const json_t *policies, actman *am,
                 k3rt_error *err);
-/* Sets the policy of class i (the planner's choice) and lays the regions out again. */
-void actman_set_policy(actman *am, int cls, int policy);
 /* Device bytes of the regions (what the model's arena holds for the modules' saved parts). */
 int64_t actman_device_bytes(const actman *am);
 /* Binds every module to the region at dev and allocates the host arena. */

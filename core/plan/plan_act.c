@@ -7,7 +7,7 @@
 
 enum { UNITS = 4096 };
 
-static int allowed(const act_plan *p, const act_cost *c, int o)
+static int allowed(const act_cost *c, int o)
 {
     if (c->fixed >= 0)
         return o == c->fixed;
@@ -15,8 +15,6 @@ static int allowed(const act_plan *p, const act_cost *c, int o)
         return 0;
     if (c->no_move && (o == ACT_OFFLOAD || o == ACT_FP8))
         return 0;
-    if (p->recompute_only)
-        return o == ACT_KEEP || o == ACT_RECOMPUTE;
     return o != ACT_FP8 || c->fp8_ok;
 }
 
@@ -67,7 +65,7 @@ static int solve_dp(act_plan *p, double budget, double mu)
             pick[(size_t)i * (UNITS + 1) + u] = -1;
         }
         for (int o = 0; o < ACT_POLICIES; o++) {
-            if (!allowed(p, &p->cls[i], o))
+            if (!allowed(&p->cls[i], o))
                 continue;
             double mem, t, pcie;
             option(p, &p->cls[i], o, &mem, &t, &pcie);
@@ -127,7 +125,7 @@ int act_plan_solve(act_plan *p, k3rt_error *err)
         double least = INFINITY;
         for (int o = 0; o < ACT_POLICIES; o++) {
             double mem, t, pcie;
-            if (!allowed(p, &p->cls[i], o))
+            if (!allowed(&p->cls[i], o))
                 continue;
             option(p, &p->cls[i], o, &mem, &t, &pcie);
             least = fmin(least, mem);

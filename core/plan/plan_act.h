@@ -42,7 +42,6 @@ typedef struct act_plan {
     double window;       /* staging bytes once any class is not kept */
     double hbm_bw, pcie_bw;
     double pcie_capacity_s;
-    int recompute_only;  /* free classes keep or recompute (no offload, no fp8) */
     /* the solution */
     double peak, extra_s, pcie_s;
     double min_budget;   /* the smallest budget any choice fits (set also on failure) */

@@ -296,18 +296,40 @@ json_t *plan_json(const plan_report *r)
                             (json_int_t)r->dispatch_width, "combine_width",
                             (json_int_t)r->combine_width, "a2a_bytes", r->a2a_bytes,
                             "off_rank", r->a2a_off_rank, "off_node", r->a2a_off_node);
-    json_t *plan = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:b}", "gpus", r->gpus,
-                             "dp", r->dp, "ep", r->ep, "cp", r->cp, "node_gpus", r->node_gpus,
-                             "micro_batch", (json_int_t)r->micro_batch, "seq_len",
-                             (json_int_t)r->seq_len, "grad_accum", (json_int_t)r->grad_accum,
-                             "shard_optimizer", r->shard_optimizer);
+    json_t *plan = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:b, s:b}", "gpus",
+                             r->gpus, "dp", r->dp, "ep", r->ep, "cp", r->cp, "pp", r->pp,
+                             "node_gpus", r->node_gpus, "micro_batch",
+                             (json_int_t)r->micro_batch, "seq_len", (json_int_t)r->seq_len,
+                             "grad_accum", (json_int_t)r->grad_accum, "shard_optimizer",
+                             r->shard_optimizer, "shard_gradients", r->shard_gradients);
+    json_t *policies = json_array();
+    for (int i = 0; i < r->n_act_cls; i++)
+        json_array_append_new(policies, json_pack("{s:s, s:s, s:b, s:i, s:f, s:f, s:f}", "class",
+                                                  r->act_cls[i].name,
+                                                  "policy", act_policy_name(r->act_cls[i].policy),
+                                                  "recipe", r->act_cls[i].fixed, "instances",
+                                                  r->act_cls[i].instances, "kept_bytes",
+                                                  r->act_cls[i].bytes, "device_bytes",
+                                                  r->act_cls[i].mem, "extra_s",
+                                                  r->act_cls[i].extra_s));
+    json_object_set_new(memory, "activation_policies", policies);
+    json_object_set_new(memory, "activation_plan",
+                        json_pack("{s:b, s:f, s:f, s:f, s:f, s:f, s:s}", "solved", r->act_solved,
+                                  "budget", r->mem_budget, "peak", r->act_peak, "extra_s",
+                                  r->act_extra_s, "pcie_s", r->act_pcie_s, "min_budget",
+                                  r->act_min_budget, "message", r->act_msg));
+    json_t *step = json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "stage_layers",
+                             r->stage_layers, "in_flight", r->in_flight, "bubble", r->bubble,
+                             "stage_boundary_bytes", r->pp_bytes, "compute_s", r->step_compute_s,
+                             "step_s", r->step_s, "mfu", r->mfu);
     return json_pack("{s:s, s:i, s:I, s:I, s:s, s:I, s:I, s:o, s:f, s:f, s:I, s:f, s:I, s:o, "
-                     "s:o, s:o, s:o}",
+                     "s:o, s:o, s:o, s:o}",
                      "recipe", r->recipe, "layers", r->n_layers, "d_model", (json_int_t)r->d,
                      "vocab", (json_int_t)r->vocab, "pattern", r->pattern, "total",
                      (json_int_t)r->total, "active", (json_int_t)r->active, "components", comps,
                      "forward_flops_per_token", r->fwd_token, "backward_flops_per_token",
                      r->bwd_token, "tokens_per_step", (json_int_t)r->tokens_per_step,
                      "flops_per_step", r->flops_per_step, "steps", (json_int_t)r->steps,
-                     "plan", plan, "memory", memory, "moe", moe, "context_parallel", cps);
+                     "plan", plan, "memory", memory, "moe", moe, "context_parallel", cps,
+                     "predicted_step", step);
 }
