@@ -62,6 +62,8 @@ typedef struct model_options {
     k3rt_comm *comm;         /* this rank's world communicator (not owned; may be NULL) */
     uint64_t seed;
     int deterministic;
+    const json_t *activations; /* plan.activations {class pattern: policy} or NULL (keep all);
+                                  not owned, must outlive the model */
 } model_options;
 
 typedef struct model {
@@ -88,6 +90,7 @@ typedef struct model {
     void *act;               /* one arena */
     size_t act_bytes;
     struct model_acts *a;
+    struct actman *am;       /* where the modules' saved parts live (model/actman.h) */
     double aux_loss;         /* balancers' auxiliary loss (already weighted) summed over the
                                 training forwards since model_reset_routed: on a GPU the part
                                 staged in aux_stage arrives with model_flush_routed */

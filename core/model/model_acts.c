@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/actman.h"
 #include "model/model_internal.h"
 #include "util/checked.h"
 
@@ -84,6 +85,11 @@ void model_free_acts(model *m)
 {
     for (int i = 0; i < m->n_mods; i++)
         rig_unbind_shape(&m->mods[i].r);
+    if (m->am) {
+        actman_free(m->am);
+        free(m->am);
+        m->am = NULL;
+    }
     if (m->a) {
         free(m->a->routing);
         free(m->a->d_scores);
@@ -109,8 +115,8 @@ static int64_t head_chunk(const model *m, int64_t n)
     return rows < n ? rows : n;
 }
 
-/* The modules' saved regions back to back and the largest workspace for B x T; with
- * `place`, each module also records its region. */
+/* The saved regions of modules outside the activation manager (the residual) back to back,
+ * and the largest workspace, for B x T; with `place`, each module also records its region. */
 static int module_bytes(model *m, int64_t B, int64_t T, int place, int64_t *saved, int64_t *ws,
                         k3rt_error *err)
 {
@@ -118,11 +124,12 @@ static int module_bytes(model *m, int64_t B, int64_t T, int place, int64_t *save
     for (int i = 0; i < m->n_mods; i++) {
         model_module *mm = &m->mods[i];
         k3rt_memory mem;
-        int64_t bytes;
+        int64_t bytes = 0;
         if (mm->kind == K3RT_KIND_BALANCER || mm->kind == K3RT_KIND_OPTIMIZER)
             continue;
         K3RT_TRY(rig_memory(&mm->r, B, T, &mem, err));
-        K3RT_TRY(rig_saved_total(&mm->r, B, T, &bytes, err));
+        if (mm->kind == K3RT_KIND_RESIDUAL)
+            K3RT_TRY(rig_saved_total(&mm->r, B, T, &bytes, err));
         if (place) {
             mm->saved_offset = *saved;
             mm->saved_bytes = bytes;
@@ -141,15 +148,38 @@ static int module_bytes(model *m, int64_t B, int64_t T, int place, int64_t *save
     return K3RT_OK;
 }
 
-/* Hands every module its region of the arena for B x T. */
+/* Hands every module its saved parts and the workspace for B x T: the residual its region,
+ * mixers and FFNs the activation manager's placement. */
 static int bind_modules(model *m, int64_t B, int64_t T, int64_t ws_bytes, k3rt_error *err)
 {
     for (int i = 0; i < m->n_mods; i++) {
         model_module *mm = &m->mods[i];
         if (mm->kind == K3RT_KIND_BALANCER || mm->kind == K3RT_KIND_OPTIMIZER)
             continue;
-        K3RT_TRY(rig_bind_shape(&mm->r, B, T, (char *)m->a->saved + mm->saved_offset,
-                                mm->saved_bytes, m->a->ws, ws_bytes, err));
+        if (mm->kind == K3RT_KIND_RESIDUAL)
+            K3RT_TRY(rig_bind_shape(&mm->r, B, T, (char *)m->a->saved + mm->saved_offset,
+                                    mm->saved_bytes, m->a->ws, ws_bytes, err));
+        else
+            K3RT_TRY(rig_bind_shape(&mm->r, B, T, NULL, RIG_SAVED_POINTED, m->a->ws, ws_bytes,
+                                    err));
+    }
+    return actman_place(m, m->am, (char *)m->a->saved + m->a->managed_offset, err);
+}
+
+/* The residual's saved bytes plus the activation manager's device regions. */
+static int saved_bytes(model *m, int64_t B, int64_t T, int place, actman *am, int64_t *saved,
+                       int64_t *ws, k3rt_error *err)
+{
+    K3RT_TRY(module_bytes(m, B, T, place, saved, ws, err));
+    K3RT_TRY(actman_plan(m, B, T, m->opt.activations, am, err));
+    int bad = 0;
+    int64_t own = *saved;
+    *saved = ck_add(&bad, ck_align(&bad, own, 64), actman_device_bytes(am));
+    if (place)
+        m->a->managed_offset = ck_align(&bad, own, 64);
+    if (bad) {
+        actman_free(am);
+        return too_large(m, B, T, err);
     }
     return K3RT_OK;
 }
@@ -160,7 +190,9 @@ int model_act_bytes(model *m, int64_t B, int64_t T, int64_t *bytes, k3rt_error *
         return k3rt_fail(err, K3RT_ERR_INVALID, "model: batch %lld x sequence %lld",
                          (long long)B, (long long)T);
     int64_t saved, ws;
-    K3RT_TRY(module_bytes(m, B, T, 0, &saved, &ws, err));
+    actman am;
+    K3RT_TRY(saved_bytes(m, B, T, 0, &am, &saved, &ws, err));
+    actman_free(&am);
     model_acts a;
     memset(&a, 0, sizeof a);
     a.d_scores = calloc((size_t)m->n_layers, sizeof *a.d_scores);
@@ -189,15 +221,22 @@ int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err)
     int64_t N = ck_mul(&p.bad, B, T), saved, ws;
     if (p.bad)
         return too_large(m, B, T, err);
-    K3RT_TRY(module_bytes(m, B, T, 1, &saved, &ws, err));
     m->a = calloc(1, sizeof *m->a);
+    m->am = calloc(1, sizeof *m->am);
     if (m->a) {
         m->a->routing = calloc((size_t)m->n_layers, sizeof *m->a->routing);
         m->a->d_scores = calloc((size_t)m->n_layers, sizeof *m->a->d_scores);
     }
-    if (!m->a || !m->a->routing || !m->a->d_scores) {
+    if (!m->a || !m->am || !m->a->routing || !m->a->d_scores) {
         model_free_acts(m);
         return k3rt_fail(err, K3RT_ERR_NOMEM, "model: out of memory");
+    }
+    int rc = saved_bytes(m, B, T, 1, m->am, &saved, &ws, err);
+    if (rc) {
+        free(m->am);
+        m->am = NULL;
+        model_free_acts(m);
+        return rc;
     }
     m->a->chunk = head_chunk(m, N);
     layout(m, m->a, &p, N, saved, ws);
@@ -216,7 +255,7 @@ int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err)
     p.base = m->act;
     p.at = 0;
     layout(m, m->a, &p, N, saved, ws);
-    int rc = bind_modules(m, B, T, ws, err);
+    rc = bind_modules(m, B, T, ws, err);
     if (rc)
         model_free_acts(m);
     return rc;

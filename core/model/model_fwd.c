@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/actman.h"
 #include "model/model_internal.h"
 #include "model/profile.h"
 
@@ -131,9 +132,24 @@ static int add_counts(model *m, int layer, const k3rt_tensor *counts, k3rt_error
                        counts->device, (size_t)E * sizeof(int64_t), err);
 }
 
+static int sublayer_call(model *m, int s, int training, int replay, double aux_scale,
+                         k3rt_error *err);
+
 /* Sublayer s forward on xn -> ys. MoE layers take the balancer's bias, report routing to the
- * balancer, and may add its auxiliary loss. */
-static int sublayer_forward(model *m, int s, int training, double aux_scale, k3rt_error *err)
+ * balancer, and may add its auxiliary loss. A replay (the activation manager's recompute,
+ * right before the backward) rebuilds the saved parts only: same input, weights and bias,
+ * nothing reported again. */
+static int sublayer_forward(model *m, int s, int training, int replay, double aux_scale,
+                            k3rt_error *err)
+{
+    int mi = model_sub_module(m, s);
+    K3RT_TRY(actman_before_forward(m, mi, err));
+    K3RT_TRY(sublayer_call(m, s, training, replay, aux_scale, err));
+    return replay ? K3RT_OK : actman_after_forward(m, mi, training, err);
+}
+
+static int sublayer_call(model *m, int s, int training, int replay, double aux_scale,
+                         k3rt_error *err)
 {
     int mi = model_sub_module(m, s);
     model_module *mm = &m->mods[mi];
@@ -157,7 +173,7 @@ static int sublayer_forward(model *m, int s, int training, double aux_scale, k3r
         a.routing = routing;
     }
     PROF_TRY(m->prof, fwd, rig_forward(&mm->r, &a, err));
-    if (!bal || !training)
+    if (!bal || !training || replay)
         return K3RT_OK;
     K3RT_TRY(prof_begin(m->prof, bal_row, err));
     K3RT_TRY(add_counts(m, s / 2, &routing->counts, err));
@@ -176,7 +192,10 @@ static int sublayer_forward(model *m, int s, int training, double aux_scale, k3r
 
 static int sublayer_backward(model *m, int s, k3rt_error *err)
 {
-    int mi = model_sub_module(m, s);
+    int mi = model_sub_module(m, s), recompute;
+    K3RT_TRY(actman_before_backward(m, mi, &recompute, err));
+    if (recompute)
+        K3RT_TRY(sublayer_forward(m, s, 1, 1, 0.0, err));
     model_module *mm = &m->mods[mi];
     const model_layer *L = &m->layers[s / 2];
     k3rt_bwd_args a;
@@ -217,7 +236,7 @@ static int forward_body(model *m, const int32_t *tokens, int training, double au
         void *hs = model_sub(m, a->hs, s);
         void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->master_elem;
         K3RT_TRY(mix_and_norm(m, s, hs, rstd, err));
-        K3RT_TRY(sublayer_forward(m, s, training, aux_scale, err));
+        K3RT_TRY(sublayer_forward(m, s, training, 0, aux_scale, err));
         K3RT_TRY(residual_call(m, RIG_PUSH, s, a->ys, err));
     }
     K3RT_TRY(residual_call(m, RIG_FINISH, 2 * m->n_layers, a->hf, err));
@@ -281,6 +300,7 @@ static int backward_body(model *m, k3rt_error *err)
              k3rt_rmsnorm_bwd(st, dt, a->hf, fn->param.data, a->rstd_f, a->dhn, a->dh,
                               fn->grad.data, N, m->d, 0, err));
     K3RT_TRY(residual_call(m, RIG_FINISH_BACKWARD, 2 * m->n_layers, a->dh, err));
+    actman_begin_backward(m);
     for (int s = 2 * m->n_layers - 1; s >= 0; s--) {
         void *hs = model_sub(m, a->hs, s);
         void *rstd = (char *)a->rstd + (int64_t)s * N * (int64_t)m->master_elem;

@@ -17,7 +17,9 @@ typedef struct model_acts {
     void *row_loss;               /* [N] (master dtype): summed once per micro-batch, so a GPU
                                      run waits for the host once, not once per chunk */
     int64_t chunk;
-    void *saved;                  /* the modules' saved regions, back to back */
+    void *saved;                  /* the residual's saved region, then (at managed_offset) the
+                                     activation manager's regions (model/actman.h) */
+    int64_t managed_offset;
     void *ws;                     /* one workspace, the largest any module asks for */
     k3rt_routing *routing;        /* [layers] */
     float **d_scores;             /* [layers] -> [N, experts] or NULL (no aux loss) */

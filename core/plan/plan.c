@@ -1,5 +1,6 @@
 /* `k3rt plan`: recipe and plan checks, parameter components, FLOPs (plan.h). */
 #include "plan/plan.h"
+#include "plan/plan_policy.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,8 @@ static int read_plan(const json_t *doc, const plan_options *o, plan_report *r, k
     r->dp = (int)get_int(plan, "dp");
     r->ep = (int)get_int(plan, "ep");
     r->cp = (int)get_int(plan, "cp");
+    r->pp = (int)get_int(plan, "pp");
+    r->shard_gradients = json_is_true(json_object_get(plan, "shard_gradients"));
     r->micro_batch = get_int(plan, "micro_batch");
     r->seq_len = get_int(plan, "seq_len");
     r->grad_accum = get_int(plan, "grad_accum");
@@ -32,13 +35,13 @@ static int read_plan(const json_t *doc, const plan_options *o, plan_report *r, k
         return k3rt_fail(err, K3RT_ERR_INVALID, "plan: --gpus (%d), --node-gpus (%d) and "
                          "--gpu-mem (%g bytes) must be positive", o->gpus, o->node_gpus,
                          o->gpu_mem);
-    int64_t ranks = (int64_t)r->dp * r->ep * r->cp;
+    int64_t ranks = (int64_t)r->dp * r->ep * r->cp * r->pp;
     if (ranks != o->gpus)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "plan: dp x ep x cp = %d x %d x %d = %lld "
-                         "ranks, but --gpus is %d: the product of the plan's parallel sizes "
-                         "must equal the GPU count (set them with --set plan.dp=..., "
-                         "plan.ep=..., plan.cp=...)", r->dp, r->ep, r->cp, (long long)ranks,
-                         o->gpus);
+        return k3rt_fail(err, K3RT_ERR_INVALID, "plan: dp x ep x cp x pp = %d x %d x %d x %d = "
+                         "%lld ranks, but --gpus is %d: the product of the plan's parallel "
+                         "sizes must equal the GPU count (set them with --set plan.dp=..., "
+                         "plan.ep=..., plan.cp=..., plan.pp=...)", r->dp, r->ep, r->cp, r->pp,
+                         (long long)ranks, o->gpus);
     if (r->seq_len % r->cp)
         return k3rt_fail(err, K3RT_ERR_INVALID, "plan: cp = %d does not divide seq_len = %lld "
                          "(each context-parallel rank takes an equal span)", r->cp,
@@ -162,6 +165,8 @@ int plan_compute(const plan_options *o, plan_report *r, k3rt_error *err)
         rc = count_flops(&m, r, err);
     if (!rc)
         rc = plan_memory(&m, doc, &reg, r, err);
+    if (!rc)
+        rc = plan_policies(&m, json_object_get(doc, "plan"), r, err);
     if (declared)
         model_free(&m);
     recipe_free(rec);

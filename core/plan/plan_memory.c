@@ -1,7 +1,9 @@
 /* Memory per GPU and communication volumes of a declared model under a parallel plan.
  *
  * Assumptions (printed by plan_print.c):
- *   - ranks = dp x ep x cp; every rank holds every non-expert parameter; routed-expert
+ *   - ranks = dp x ep x cp x pp; pp stages of ceil(L / pp) layers, the largest sized with
+ *     every parameter outside the layers; every rank of a stage holds the stage's
+ *     non-expert parameters; routed-expert
  *     matrices are split across the ep ranks (experts / ep per layer each) and replicated
  *     across dp x cp;
  *   - bf16 weights, fp32 master weights, fp32 gradients, fp32 optimizer states sized per role
@@ -9,7 +11,7 @@
  *     allocated);
  *   - shard_optimizer: master weights and optimizer states are split across the ranks that
  *     hold the same parameters (N for non-expert, dp x cp for expert parameters); gradients
- *     are never split;
+ *     are split the same way only under shard_gradients (ZeRO-2);
  *   - activations: keep-everything (no recompute or offload): the model's buffers, every
  *     plugin's memory().saved_bytes and the largest workspace for one micro-batch of
  *     micro_batch x seq_len/cp tokens, as the CPU plugins count them in f32, halved for bf16;
@@ -130,16 +132,22 @@ static int parameter_memory(const model *m, plan_report *r, k3rt_error *err)
             return k3rt_fail(err, K3RT_ERR_INVALID, "plan: ep = %d does not divide the %d "
                              "experts of layers.%d.ffn (each ep rank holds an equal share)",
                              r->ep, m->layers[i].experts, i);
-    double ranks = (double)r->gpus, expert_replicas = (double)r->dp * r->cp;
+    /* Pipeline stages take ceil(L / pp) layers each; the largest stage is sized, and it is
+     * charged every parameter outside the layers (embedding, head, final norm, residual). */
+    r->stage_layers = (m->n_layers + r->pp - 1) / r->pp;
+    double stage = (double)r->stage_layers / m->n_layers;
+    double ranks = (double)r->gpus / r->pp, expert_replicas = (double)r->dp * r->cp;
     for (int i = 0; i < m->n_params; i++) {
         const param_slot *p = &m->params[i];
         int expert = is_expert(m, p);
-        double held = (double)p->numel / (expert ? r->ep : 1);
+        int in_layer = p->module >= 0 && m->mods[p->module].layer >= 0;
+        double held = (double)p->numel / (expert ? r->ep : 1) * (in_layer ? stage : 1);
         double shard = r->shard_optimizer ? (expert ? expert_replicas : ranks) : 1;
+        double gshard = r->shard_gradients ? (expert ? expert_replicas : ranks) : 1;
         r->rank_params += held;
         r->mem_weights += 2 * held;
         r->mem_master += 4 * held / shard;
-        r->mem_grads += 4 * held;
+        r->mem_grads += 4 * held / gshard;
         r->mem_optimizer += 4 * r->roles[p->decl.role].values * held / shard;
     }
     return K3RT_OK;
@@ -251,7 +259,13 @@ static int activations(model *m, plan_report *r, k3rt_error *err)
     if (own)
         own->bytes = (double)act - modules - (double)ws;  /* alignment included */
     r->act_f32_bytes = (double)act;
-    r->mem_activations = 0.5 * (double)act;
+    /* 1F1B: stage 0 holds min(pp, micro-batches) forwards before its first backward, each
+     * with its layers' share of one micro-batch's activations (the largest workspace once). */
+    r->in_flight = (int)(r->grad_accum < r->pp ? r->grad_accum : r->pp);
+    double stage = (double)r->stage_layers / m->n_layers;
+    r->mem_activations = 0.5 * ((double)act - (double)ws) * stage * r->in_flight + 0.5 * (double)ws;
+    r->bubble = r->pp > 1 ? (double)(r->pp - 1) / (double)(r->grad_accum + r->pp - 1) : 0;
+    r->pp_bytes = r->pp > 1 ? 2.0 * (double)r->micro_batch * (double)T * (double)m->d : 0;
     return K3RT_OK;
 }
 

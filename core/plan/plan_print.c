@@ -1,5 +1,6 @@
 /* The plan as text (with its assumptions) and as JSON. */
 #include "plan/plan.h"
+#include "recipe/act_keys.h"
 
 #include <math.h>
 #include <string.h>
@@ -118,13 +119,39 @@ static void print_comm(FILE *f, const plan_report *r)
     }
 }
 
+/* The activation planner's choice per saved-tensor class (plan_policy.c). */
+static void print_policies(FILE *f, const plan_report *r)
+{
+    char b[32], k[32], bud[32];
+    plan_bytes(r->mem_budget, bud, sizeof bud);
+    fprintf(f, "  activation policies (budget %s per GPU%s):\n", bud,
+            r->act_solved ? "" : "; none fits");
+    for (int i = 0; i < r->n_act_cls; i++) {
+        const plan_act_class *c = &r->act_cls[i];
+        plan_bytes(c->bytes, k, sizeof k);
+        plan_bytes(c->mem, b, sizeof b);
+        fprintf(f, "    %-30s x%-4d %-10s %s kept -> %s on the GPU, +%.1f ms per micro-batch%s\n",
+                c->name, c->instances, act_policy_name(c->policy), k, b, 1e3 * c->extra_s,
+                c->fixed ? " (recipe)" : "");
+    }
+    if (r->act_solved) {
+        plan_bytes(r->act_peak, b, sizeof b);
+        fprintf(f, "    saved activations at the peak %s (staging window included), extra time "
+                "%.1f ms per micro-batch, PCIe busy %.1f ms\n", b, 1e3 * r->act_extra_s,
+                1e3 * r->act_pcie_s);
+    } else {
+        fprintf(f, "    %s\n", r->act_msg);
+    }
+}
+
 static void print_memory(FILE *f, const plan_report *r)
 {
     char b[32], p[32];
     plan_human(r->rank_params, p, sizeof p);
-    fprintf(f, "\nmemory per GPU (plan dp %d x ep %d x cp %d = %d GPU%s, shard_optimizer = %s)\n",
-            r->dp, r->ep, r->cp, r->gpus, r->gpus > 1 ? "s" : "",
-            r->shard_optimizer ? "true" : "false");
+    fprintf(f, "\nmemory per GPU (plan dp %d x ep %d x cp %d x pp %d = %d GPU%s, "
+            "shard_optimizer = %s, shard_gradients = %s)\n", r->dp, r->ep, r->cp, r->pp,
+            r->gpus, r->gpus > 1 ? "s" : "", r->shard_optimizer ? "true" : "false",
+            r->shard_gradients ? "true" : "false");
     fprintf(f, "  parameters held            %s\n", p);
     const char *label[] = {"weights (bf16)", "master weights (fp32)", "gradients (fp32)",
                            "optimizer states (fp32)", "activations (bf16)"};
@@ -145,6 +172,7 @@ static void print_memory(FILE *f, const plan_report *r)
         if (r->roles[role].numel)
             fprintf(f, " %s %.3g", k3rt_role_name(role), r->roles[role].values);
     fprintf(f, " (fp32 values)\n");
+    print_policies(f, r);
     char g[32];
     plan_bytes(r->mem_total, b, sizeof b);
     plan_bytes(r->gpu_mem, g, sizeof g);
@@ -152,31 +180,71 @@ static void print_memory(FILE *f, const plan_report *r)
             r->fits ? "fits" : "does NOT fit");
 }
 
+/* The pipeline, the predicted step and MFU, and what of the plan k3rt can run today. */
+static void print_step(FILE *f, const plan_report *r)
+{
+    char b[32];
+    if (r->pp > 1) {
+        plan_bytes(r->pp_bytes, b, sizeof b);
+        fprintf(f, "\npipeline: %d stages of up to %d layers, 1F1B over %lld micro-batches: %d in "
+                "flight on stage 0, bubble (p-1)/(m+p-1) = %.1f%%; each stage boundary sends %s "
+                "per micro-batch forward and as much backward (bf16 [mb, seq/cp, d_model])\n",
+                r->pp, r->stage_layers, (long long)r->grad_accum, r->in_flight,
+                100 * r->bubble, b);
+    }
+    fprintf(f, "\npredicted step: compute %.2f s, step %.2f s, MFU %.1f%% of 725 TFLOP/s "
+            "(assumptions below)\n", r->step_compute_s, r->step_s, 100 * r->mfu);
+    int hs_moved = 0;
+    for (int i = 0; i < r->n_act_cls; i++)
+        hs_moved |= !strcmp(r->act_cls[i].name, PLAN_SUBLAYER_INPUTS) &&
+                    r->act_cls[i].policy != ACT_KEEP;
+    int today = r->pp == 1 && !r->shard_gradients && r->ep == 1 && r->cp == 1 && !hs_moved;
+    fprintf(f, "runs in k3rt today: %s", today ? "yes" : "no —");
+    if (r->pp > 1)
+        fprintf(f, " no pipeline execution (plan.pp > 1 is planned only);");
+    if (r->shard_gradients)
+        fprintf(f, " gradients are not sharded (plan.shard_gradients is planned only);");
+    if (hs_moved)
+        fprintf(f, " the engine keeps every sublayer input on the device (offloading %s is "
+                "planned only);", PLAN_SUBLAYER_INPUTS);
+    if (r->ep > 1 || r->cp > 1)
+        fprintf(f, " expert and context parallelism do not train across ranks yet (plan.ep, "
+                "plan.cp);");
+    fprintf(f, "\n");
+}
+
 static void print_assumptions(FILE *f, const plan_report *r)
 {
     fprintf(f,
             "\nassumptions\n"
-            "  - ranks = dp x ep x cp = --gpus; each (dp, ep) pair trains its own micro-batches, "
-            "cp splits each sequence\n"
-            "  - every GPU holds every non-expert parameter (the plan has no tensor or pipeline "
+            "  - ranks = dp x ep x cp x pp = --gpus; each (dp, ep) pair trains its own "
+            "micro-batches, cp splits each sequence, pp splits the layers into stages (the "
+            "largest stage is sized, charged the embedding, head and final norm as well)\n"
+            "  - every GPU of a stage holds the stage's non-expert parameters (no tensor "
             "parallelism); routed-expert matrices are split across the ep ranks and replicated "
             "across dp x cp\n"
             "  - bf16 weights (2 B), fp32 master weights (4 B), fp32 gradients (4 B), fp32 "
             "optimizer states as the optimizer plugin sizes them per role\n"
             "  - shard_optimizer = %s: master weights and optimizer states are %ssplit across "
-            "the GPUs holding the same parameters (all %d for non-expert, dp x cp = %d for "
-            "expert parameters); gradients are never split\n"
-            "  - activations: everything kept for the backward (no recompute, offload or fp8): "
-            "the model's buffers, the plugins' saved bytes and the largest workspace for one "
-            "micro-batch of %lld x %lld tokens, counted in f32 by the CPU plugins (%.1f GB) and "
-            "halved for bf16\n"
+            "the GPUs holding the same parameters (all %d of a stage for non-expert, dp x cp = %d "
+            "for expert parameters); gradients too under shard_gradients (ZeRO-2): %s\n"
+            "  - activations: the model's buffers, the plugins' saved bytes and the largest "
+            "workspace for one micro-batch of %lld x %lld tokens, counted in f32 by the CPU "
+            "plugins (%.1f GB kept) and halved for bf16; each saved-tensor class kept, "
+            "recomputed (at 40%% of 725 TFLOP/s), offloaded (PCIe 50 GB/s each way, hidden "
+            "behind the module's forward and backward) or stored in fp8, as the planner "
+            "chooses within plan.memory_budget (default: the GPU's memory)\n"
             "  - all-to-all: uniform routing, bf16 tokens, ep the fastest axis of the rank "
             "layout (%d GPUs per node)\n"
+            "  - step: compute at 40%% of 725 TFLOP/s on the largest stage plus the activation "
+            "planner's extra time, over (1 - bubble); half the expert all-to-all exposed "
+            "(off-node 50 GB/s, on-node 400 GB/s per GPU); data-parallel reductions and "
+            "pipeline sends overlapped\n"
             "  - not counted: CUDA context, NCCL buffers, allocator fragmentation, the "
             "optimizer's scratch, the KDA conv halo and MLA's context-parallel key/value "
             "gather\n",
-            r->shard_optimizer ? "true" : "false", r->shard_optimizer ? "" : "not ", r->gpus,
-            r->dp * r->cp, (long long)r->micro_batch, (long long)(r->seq_len / r->cp),
+            r->shard_optimizer ? "true" : "false", r->shard_optimizer ? "" : "not ",
+            r->gpus / r->pp, r->dp * r->cp, r->shard_gradients ? "true" : "false", (long long)r->micro_batch, (long long)(r->seq_len / r->cp),
             r->act_f32_bytes / 1e9, r->node_gpus);
 }
 
@@ -189,6 +257,7 @@ void plan_print(FILE *f, const plan_report *r)
     print_flops(f, r);
     print_comm(f, r);
     print_memory(f, r);
+    print_step(f, r);
     print_assumptions(f, r);
 }
 
@@ -227,18 +296,40 @@ json_t *plan_json(const plan_report *r)
                             (json_int_t)r->dispatch_width, "combine_width",
                             (json_int_t)r->combine_width, "a2a_bytes", r->a2a_bytes,
                             "off_rank", r->a2a_off_rank, "off_node", r->a2a_off_node);
-    json_t *plan = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:b}", "gpus", r->gpus,
-                             "dp", r->dp, "ep", r->ep, "cp", r->cp, "node_gpus", r->node_gpus,
-                             "micro_batch", (json_int_t)r->micro_batch, "seq_len",
-                             (json_int_t)r->seq_len, "grad_accum", (json_int_t)r->grad_accum,
-                             "shard_optimizer", r->shard_optimizer);
+    json_t *plan = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:b, s:b}", "gpus",
+                             r->gpus, "dp", r->dp, "ep", r->ep, "cp", r->cp, "pp", r->pp,
+                             "node_gpus", r->node_gpus, "micro_batch",
+                             (json_int_t)r->micro_batch, "seq_len", (json_int_t)r->seq_len,
+                             "grad_accum", (json_int_t)r->grad_accum, "shard_optimizer",
+                             r->shard_optimizer, "shard_gradients", r->shard_gradients);
+    json_t *policies = json_array();
+    for (int i = 0; i < r->n_act_cls; i++)
+        json_array_append_new(policies, json_pack("{s:s, s:s, s:b, s:i, s:f, s:f, s:f}", "class",
+                                                  r->act_cls[i].name,
+                                                  "policy", act_policy_name(r->act_cls[i].policy),
+                                                  "recipe", r->act_cls[i].fixed, "instances",
+                                                  r->act_cls[i].instances, "kept_bytes",
+                                                  r->act_cls[i].bytes, "device_bytes",
+                                                  r->act_cls[i].mem, "extra_s",
+                                                  r->act_cls[i].extra_s));
+    json_object_set_new(memory, "activation_policies", policies);
+    json_object_set_new(memory, "activation_plan",
+                        json_pack("{s:b, s:f, s:f, s:f, s:f, s:f, s:s}", "solved", r->act_solved,
+                                  "budget", r->mem_budget, "peak", r->act_peak, "extra_s",
+                                  r->act_extra_s, "pcie_s", r->act_pcie_s, "min_budget",
+                                  r->act_min_budget, "message", r->act_msg));
+    json_t *step = json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "stage_layers",
+                             r->stage_layers, "in_flight", r->in_flight, "bubble", r->bubble,
+                             "stage_boundary_bytes", r->pp_bytes, "compute_s", r->step_compute_s,
+                             "step_s", r->step_s, "mfu", r->mfu);
     return json_pack("{s:s, s:i, s:I, s:I, s:s, s:I, s:I, s:o, s:f, s:f, s:I, s:f, s:I, s:o, "
-                     "s:o, s:o, s:o}",
+                     "s:o, s:o, s:o, s:o}",
                      "recipe", r->recipe, "layers", r->n_layers, "d_model", (json_int_t)r->d,
                      "vocab", (json_int_t)r->vocab, "pattern", r->pattern, "total",
                      (json_int_t)r->total, "active", (json_int_t)r->active, "components", comps,
                      "forward_flops_per_token", r->fwd_token, "backward_flops_per_token",
                      r->bwd_token, "tokens_per_step", (json_int_t)r->tokens_per_step,
                      "flops_per_step", r->flops_per_step, "steps", (json_int_t)r->steps,
-                     "plan", plan, "memory", memory, "moe", moe, "context_parallel", cps);
+                     "plan", plan, "memory", memory, "moe", moe, "context_parallel", cps,
+                     "predicted_step", step);
 }

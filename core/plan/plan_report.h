@@ -8,6 +8,10 @@
 
 #define PLAN_MAX_COMPONENTS 32
 #define PLAN_MAX_CP 8
+#define PLAN_MAX_ACT_CLASSES 64
+/* The planner's name for the engine's own per-sublayer inputs (keep or offload; offloading
+ * them is planned only: the runtime keeps them). */
+#define PLAN_SUBLAYER_INPUTS "engine.sublayer_inputs"
 
 typedef struct plan_component {
     char name[96];                 /* "mixer K (kda)", "ffn (latent_moe): routed experts" */
@@ -39,6 +43,16 @@ typedef struct plan_act_part {
     double bytes;
 } plan_act_part;
 
+/* One saved-tensor class as the activation planner placed it (plan_policy.c). */
+typedef struct plan_act_class {
+    char name[96];                 /* "mixer.K.activations" */
+    int policy;                    /* act_policy */
+    int fixed;                     /* set by plan.activations */
+    int instances;
+    double bytes;                  /* bf16 bytes of all instances when kept */
+    double mem, extra_s;           /* as placed */
+} plan_act_class;
+
 typedef struct plan_report {
     char recipe[1024];
     int n_layers;
@@ -52,7 +66,13 @@ typedef struct plan_report {
     int64_t tokens_per_step, steps;
     double flops_per_step;         /* every micro-batch of every rank */
     /* the plan */
-    int gpus, dp, ep, cp, node_gpus, shard_optimizer;
+    int gpus, dp, ep, cp, pp, node_gpus, shard_optimizer, shard_gradients;
+    /* pipeline (plan_memory.c): the largest stage's layers, micro-batches in flight on stage
+     * 0 under 1F1B, the bubble, and one boundary's activations per micro-batch (bf16) */
+    int stage_layers, in_flight;
+    double bubble, pp_bytes;
+    /* predicted step (plan_policy.c) */
+    double step_compute_s, step_s, mfu;
     int64_t micro_batch, seq_len, grad_accum;
     /* memory per GPU, bytes */
     char optimizer[64];
@@ -64,6 +84,15 @@ typedef struct plan_report {
     int n_acts;
     double gpu_mem;
     int fits;
+    /* activation policies (plan_policy.c) */
+    plan_act_class act_cls[PLAN_MAX_ACT_CLASSES];
+    int n_act_cls;
+    double act_budget;             /* bytes the classes may use (budget minus the rest) */
+    double act_kept_bytes;         /* the classes' bytes with everything kept */
+    double act_peak, act_extra_s, act_pcie_s, act_min_budget;
+    double mem_budget;             /* plan.memory_budget in bytes (gpu_mem when unset) */
+    int act_solved;
+    char act_msg[512];             /* the planner's refusal, when it refused */
     /* expert parallelism (routed MoE layers) */
     int moe_layers, experts, top_k;
     int64_t dispatch_width, combine_width;

@@ -97,6 +97,10 @@ int rig_saved_total(rig *r, int64_t batch, int64_t seq, int64_t *bytes, k3rt_err
  * (rig_saved_total bytes), ws at least memory().workspace_bytes. */
 int rig_bind_shape(rig *r, int64_t batch, int64_t seq, void *saved, int64_t saved_bytes,
                    void *ws, int64_t ws_bytes, k3rt_error *err);
+/* saved NULL with saved_bytes RIG_SAVED_POINTED: the parts have no block; the caller (the
+ * activation manager, model/actman.h) points each with rig_point_saved before every call. */
+#define RIG_SAVED_POINTED (-1)
+void rig_point_saved(rig *r, int i, void *p);
 /* Allocates them on the instance's device; with guard (CPU only), 64 canary bytes follow each
  * buffer and rig_guards_ok tells whether a call wrote past its end. */
 int rig_alloc_shape(rig *r, int64_t batch, int64_t seq, int guard, k3rt_error *err);

@@ -103,6 +103,15 @@ int rig_bind_shape(rig *r, int64_t batch, int64_t seq, void *saved, int64_t save
     int64_t need = 0;
     for (int i = 0; i < r->n_saved; i++)
         need += align64(r->saved_bytes[i]);
+    if (!saved && saved_bytes == RIG_SAVED_POINTED) {
+        memset(r->saved, 0, sizeof r->saved);
+        r->ws = ws;
+        return ws_bytes < r->mem.workspace_bytes || (r->mem.workspace_bytes && !ws)
+                   ? k3rt_fail(err, K3RT_ERR_INVALID, "%s: the workspace holds %lld bytes, "
+                               "memory() asks %lld", r->where, (long long)ws_bytes,
+                               (long long)r->mem.workspace_bytes)
+                   : K3RT_OK;
+    }
     if ((need && !saved) || saved_bytes < need)
         return k3rt_fail(err, K3RT_ERR_INVALID, "%s: the saved buffer holds %lld bytes, the "
                          "plugin declares %lld for B=%lld T=%lld", r->where,
@@ -169,4 +178,10 @@ int rig_fill_buffers(rig *r, int value, k3rt_error *err)
         K3RT_TRY(k3rt_memset(r->stream, r->ws, r->device, value,
                              (size_t)r->mem.workspace_bytes, err));
     return K3RT_OK;
+}
+
+void rig_point_saved(rig *r, int i, void *p)
+{
+    if (i >= 0 && i < r->n_saved)
+        r->saved[i] = p;
 }

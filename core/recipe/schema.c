@@ -124,8 +124,7 @@ int schema_build(const raw_doc *raw, registry *reg, const char *stem, json_t **d
         rc = add(d, "optimizer", sch_spec(&c, opt, K3RT_KIND_OPTIMIZER, "optimizer", &v),
                  &v);
     if (!rc)
-        rc = add(d, "plan", sch_section_scalars(&c, "plan", json_object_get(root, "plan"), &v),
-                 &v);
+        rc = add(d, "plan", sch_plan(&c, json_object_get(root, "plan"), &v), &v);
     if (!rc)
         rc = add(d, "train", train_build(&c, json_object_get(root, "train"), &v), &v);
     if (!rc)

@@ -2,6 +2,8 @@
  * sample) and the validation every section and spec slot shares (schema_section.h). */
 #include "recipe/schema_section.h"
 
+#include "recipe/act_keys.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +31,8 @@ static const k3rt_option PLAN_OPTS[] = {
     {"comm", K3RT_OPT_STRING, 0, "\"auto\"", K3RT_RANGE_ANY, "auto|local|mpi|tcp|nccl",
      "how ranks talk: auto = threads of one process (local), or one process per rank when a "
      "launcher started several (mpi under mpirun, else tcp)"},
+    {"pp", K3RT_OPT_INT, 0, "1", 1, 4096, NULL,
+     "pipeline stages, 1F1B (`k3rt plan` only: training has no pipeline execution yet)"},
     {"micro_batch", K3RT_OPT_INT, 0, "8", 1, 1e6, NULL, "sequences per rank and micro-step"},
     {"seq_len", K3RT_OPT_INT, 0, "256", 1, 1e8, NULL, "tokens per sequence"},
     {"grad_accum", K3RT_OPT_INT, 0, "1", 1, 1e6, NULL, "micro-steps per optimizer step"},
@@ -43,7 +47,12 @@ static const k3rt_option PLAN_OPTS[] = {
     {"shard_optimizer", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,
      "fp32 master weights and optimizer states sharded across the ranks that hold the same "
      "parameters (ZeRO-1); sizes `k3rt plan`'s memory"},
+    {"shard_gradients", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,
+     "gradients reduce-scattered to their shard too (ZeRO-2; `k3rt plan` only: training does "
+     "not shard gradients yet)"},
 };
+
+static const char *const PLAN_KEYS[] = {"activations", "memory_budget"};
 
 static const k3rt_option TRAIN_OPTS[] = {
     {"steps", K3RT_OPT_INT, 0, "1000", 1, BIG, NULL, "optimizer steps"},
@@ -96,7 +105,7 @@ typedef struct section {
 
 static const section SECTIONS[] = {
     {"model", MODEL_OPTS, COUNT(MODEL_OPTS), MODEL_SPECS, COUNT(MODEL_SPECS)},
-    {"plan", PLAN_OPTS, COUNT(PLAN_OPTS), NULL, 0},
+    {"plan", PLAN_OPTS, COUNT(PLAN_OPTS), PLAN_KEYS, COUNT(PLAN_KEYS)},
     {"train", TRAIN_OPTS, COUNT(TRAIN_OPTS), TRAIN_LISTS, COUNT(TRAIN_LISTS)},
     {"data", DATA_OPTS, COUNT(DATA_OPTS), NULL, 0},
     {"sample", SAMPLE_OPTS, COUNT(SAMPLE_OPTS), NULL, 0},
@@ -173,4 +182,64 @@ int sch_balancer(schema_ctx *c, const json_t *v, const char *what, json_t **out)
     if (!v || json_is_null(v))
         return schema_default_spec(c->reg, "none", K3RT_KIND_BALANCER, what, out, c->err);
     return sch_spec(c, v, K3RT_KIND_BALANCER, what, out);
+}
+
+/* plan.activations: {class pattern = policy}. Whether a pattern matches a class of this model
+ * is checked when the model is built (model/actman.c), where the classes are known. */
+static int plan_activations(schema_ctx *c, const json_t *v, json_t *out)
+{
+    if (!v)
+        return K3RT_OK;
+    if (!json_is_object(v) || raw_doc_spec(c->raw, v))
+        return k3rt_fail(c->err, K3RT_ERR_INVALID, "plan.activations: expected a table of "
+                         "tensor-class patterns to policies, e.g. activations = { "
+                         "[\"mixer.K.*\"] = \"recompute\", [\"ffn.*\"] = \"offload\" }; got %s",
+                         schema_json_kind(v));
+    const char *key;
+    json_t *pol;
+    json_object_foreach((json_t *)v, key, pol) {
+        if (!act_glob_valid(key))
+            return k3rt_fail(c->err, K3RT_ERR_INVALID, "plan.activations: \"%s\" is not a class "
+                             "pattern (letters, digits, '_', '.', '*' and '?', e.g. "
+                             "\"mixer.K.*\")", key);
+        if (!json_is_string(pol) || act_policy_parse(json_string_value(pol)) < 0)
+            return k3rt_fail(c->err, K3RT_ERR_INVALID, "plan.activations[\"%s\"]: expected one "
+                             "of %s, got %s%s%s", key, ACT_POLICY_LIST,
+                             json_is_string(pol) ? "\"" : "",
+                             json_is_string(pol) ? json_string_value(pol) : schema_json_kind(pol),
+                             json_is_string(pol) ? "\"" : "");
+    }
+    json_object_set(out, "activations", (json_t *)v);
+    return K3RT_OK;
+}
+
+/* plan.memory_budget: bytes, "60%" of the device's memory, or a size with a unit. */
+static int plan_budget(schema_ctx *c, const json_t *v, json_t *out)
+{
+    double bytes, fraction;
+    if (!v)
+        return K3RT_OK;
+    int ok = json_is_number(v) ? json_number_value(v) >= 1 && json_number_value(v) < 1e18
+                               : json_is_string(v) &&
+                                     !act_budget_parse(json_string_value(v), &bytes, &fraction);
+    if (!ok)
+        return k3rt_fail(c->err, K3RT_ERR_INVALID, "plan.memory_budget: expected bytes per "
+                         "GPU (a number >= 1), a share of the device's memory (\"60%%\", at most "
+                         "\"100%%\") or a size with a unit (\"96GB\", \"96GiB\", \"512MB\"); got "
+                         "%s%s%s", json_is_string(v) ? "\"" : "",
+                         json_is_string(v) ? json_string_value(v) : schema_json_kind(v),
+                         json_is_string(v) ? "\"" : "");
+    json_object_set(out, "memory_budget", (json_t *)v);
+    return K3RT_OK;
+}
+
+int sch_plan(schema_ctx *c, const json_t *raw, json_t **out)
+{
+    K3RT_TRY(sch_section_scalars(c, "plan", raw, out));
+    int rc = plan_activations(c, raw ? json_object_get(raw, "activations") : NULL, *out);
+    if (!rc)
+        rc = plan_budget(c, raw ? json_object_get(raw, "memory_budget") : NULL, *out);
+    if (rc)
+        json_decref(*out);
+    return rc;
 }

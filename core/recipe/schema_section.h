@@ -19,6 +19,8 @@ int sch_section_scalars(schema_ctx *c, const char *section, const json_t *raw, j
 /* The keys of a core section (scalars, then structured keys) into names; -1 when `section`
  * names none. */
 int sch_section_names(const char *section, const char **names, int max);
+/* The plan section: its scalars, plan.activations and plan.memory_budget. */
+int sch_plan(schema_ctx *c, const json_t *raw, json_t **out);
 /* A spec of `kind` at `what`. */
 int sch_spec(schema_ctx *c, const json_t *v, int kind, const char *what, json_t **out);
 /* A balancer slot: absent or k3.none mean the built-in `none` balancer. */

@@ -46,18 +46,14 @@ uint8_t k3rt_f32_to_fp8e4m3(float x)
     float a = fabsf(x);
     if (a >= 448.0f)
         return sign | 0x7e;  /* saturate to +-448 */
-    /* Pick the nearest representable value by scanning the 127 magnitudes: exact, simple, and
-     * only used on the CPU for tests and storage. */
-    uint8_t best = 0;
-    float best_d = a;
-    for (uint8_t c = 1; c < 0x7f; c++) {
-        float d = fabsf(k3rt_fp8e4m3_to_f32(c) - a);
-        if (d < best_d || (d == best_d && (c & 1) == 0 && (best & 1) == 1)) {
-            best_d = d;
-            best = c;
-        }
-    }
-    return sign | best;
+    if (a < 0.015625f)  /* below 2^-6: subnormal steps of 2^-9 (8 steps: the least normal) */
+        return sign | (uint8_t)nearbyintf(a * 512.0f);
+    /* Round the 23 mantissa bits to 3, to nearest even; a carry moves into the exponent. */
+    uint32_t u;
+    memcpy(&u, &a, 4);
+    u = (u + 0x7ffff + ((u >> 20) & 1)) >> 20;  /* 8 exponent bits and 3 mantissa bits */
+    int exp = (int)(u >> 3) - 127 + 7;
+    return sign | (uint8_t)((exp << 3) | (u & 7));
 }
 
 static double load_float(const void *p, int dtype, int64_t i)

@@ -32,7 +32,7 @@ int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugi
     model_options mo = {dtype && !strcmp(dtype, "f64") ? K3RT_F64 : K3RT_F32, K3RT_DEVICE_CPU,
                         c->stream, NULL,
                         (uint64_t)json_integer_value(json_object_get(
-                            json_object_get(c->doc, "train"), "seed")), 0};
+                            json_object_get(c->doc, "train"), "seed")), 0, NULL};
     int rc = model_build(&c->m, model_doc, &c->reg, &mo, err);
     json_decref(model_doc);
     K3RT_TRY(rc);

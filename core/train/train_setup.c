@@ -291,9 +291,10 @@ int rank_build(rank_ctx *c, k3rt_error *err)
     if (!mdoc)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     json_object_set(mdoc, "balancer", r->balancer);
+    const json_t *plan = json_object_get(r->doc, "plan");
     model_options mo = {r->dtype, r->device, c->stream, c->comm, r->seed,
-                        json_is_true(json_object_get(json_object_get(r->doc, "plan"),
-                                                     "deterministic"))};
+                        json_is_true(json_object_get(plan, "deterministic")),
+                        json_object_get(plan, "activations")};
     int rc = model_build(&c->m, mdoc, &r->reg, &mo, err);
     json_decref(mdoc);
     K3RT_TRY(rc);

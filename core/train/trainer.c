@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/actman.h"
 #include "train/train_internal.h"
 #include "util/log.h"
 
@@ -25,6 +26,7 @@ static int print_parameters(rank_ctx *c, k3rt_error *err)
                (1 << 20),
            (double)m->total_numel * (double)m->master_elem / (1 << 20),
            (double)om.state_bytes / (1 << 20), (double)m->act_bytes / (1 << 20));
+    actman_print(m->am, stdout);
     return K3RT_OK;
 }
 

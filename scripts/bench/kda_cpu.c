@@ -166,7 +166,11 @@ static void time_layer(const bench_cfg *bc, k3rt_stream *s, int alg, int64_t T, 
     fill(x, bc->f64, n, 1, 0, &rng);
     fill(dy, bc->f64, n, 1, 0, &rng);
     io.B = bc->B, io.T = T, io.x = x, io.y = y, io.dy = dy, io.dx = dx;
-    io.saved = xcalloc((size_t)mem.saved_bytes, 1), io.ws = xcalloc((size_t)mem.workspace_bytes, 1);
+    void *saved = xcalloc((size_t)mem.saved_bytes, 1), *parts[KDA_SAVED_N];
+    kda_layout lay;
+    kda_layout_make(m, bc->B, T, m->slots, &lay);
+    kda_parts_in_block(&lay, saved, (size_t)es, parts);
+    io.saved = parts, io.ws = xcalloc((size_t)mem.workspace_bytes, 1);
     k3rt_flops f;
     memset(&f, 0, sizeof f);
     kda_flops(m, bc->B, T, &f);
@@ -190,7 +194,7 @@ static void time_layer(const bench_cfg *bc, k3rt_stream *s, int alg, int64_t T, 
     }
     for (int sl = 0; sl < KDA_N_SLOTS; sl++)
         free(p[sl]), free(gr[sl]);
-    free(x), free(y), free(dy), free(dx), free(io.saved), free(io.ws);
+    free(x), free(y), free(dy), free(dx), free(saved), free(io.ws);
     kda_destroy(self);
     json_decref(c);
 }

@@ -277,7 +277,7 @@ static inline kda_io kt_io(kt_layer *L, int64_t B, int64_t T)
         io.params[s] = m->slot[s] >= 0 ? L->p[m->slot[s]].data : NULL;
         io.grads[s] = m->slot[s] >= 0 ? L->gr[m->slot[s]].data : NULL;
     }
-    io.saved = L->m.saved[0], io.ws = L->m.ws;
+    io.saved = L->m.saved, io.ws = L->m.ws;
     return io;
 }
 

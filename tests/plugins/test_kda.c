@@ -283,7 +283,7 @@ START_TEST(test_lower_bound)
         kt_layer_fwd(&L, x, y, NULL, NULL);
         kda_layout l;
         kda_layout_make(m, B, T, m->slots, &l);
-        const double *g = (const double *)L.m.saved[0] + l.g;
+        const double *g = k3rt_saved_at(L.m.saved, l.part_end, KDA_SAVED_N, l.g, sizeof(double));
         double lo = 0, hi = -1e300;
         for (int64_t i = 0; i < B * T * m->HV * m->dim_k; i++) {
             lo = fmin(lo, g[i]);
@@ -317,7 +317,8 @@ START_TEST(test_softplus_gate)
     kt_layer_fwd(&L, x, y, NULL, NULL);
     kda_layout l;
     kda_layout_make(m, B, T, m->slots, &l);
-    const double *g = (const double *)L.m.saved[0] + l.g, *z = (const double *)L.m.saved[0] + l.z;
+    const double *g = k3rt_saved_at(L.m.saved, l.part_end, KDA_SAVED_N, l.g, sizeof(double));
+    const double *z = k3rt_saved_at(L.m.saved, l.part_end, KDA_SAVED_N, l.z, sizeof(double));
     const double *al = L.p[m->slot[KDA_ALOG]].data;
     double lo = 0, err = 0;
     for (int64_t i = 0; i < B * T * m->HV * m->dim_k; i++) {
@@ -400,7 +401,11 @@ START_TEST(test_f32_layer)
         float *fdsT = f32_copy(dsT, ns), *fds0 = calloc((size_t)ns, 4);
         fo.x = fx, fo.y = fy, fo.s_in = fs0, fo.s_out = fsT, fo.dy = fdy, fo.dx = fdx;
         fo.ds_out = fdsT, fo.ds_in = fds0;
-        fo.saved = calloc(1, (size_t)mem.saved_bytes), fo.ws = calloc(1, (size_t)mem.workspace_bytes);
+        void *fsaved = calloc(1, (size_t)mem.saved_bytes), *fparts[KDA_SAVED_N];
+        kda_layout fl;
+        kda_layout_make(&mf, B, T, mf.slots, &fl);
+        kda_parts_in_block(&fl, fsaved, sizeof(float), fparts);
+        fo.saved = fparts, fo.ws = calloc(1, (size_t)mem.workspace_bytes);
         TU_OK(kda_layer_fwd_f32(&mf, kt_stream(), &fo, &err), err);
         TU_OK(kda_layer_bwd_f32(&mf, kt_stream(), &fo, &err), err);
         double ef = fmax(rel_rms_fd(y, fy, n), rel_rms_fd(sT, fsT, ns));
@@ -416,7 +421,7 @@ START_TEST(test_f32_layer)
         for (int sl = 0; sl < KDA_N_SLOTS; sl++)
             free(fp[sl]), free(fg[sl]);
         free(fx), free(fy), free(fdy), free(fdx), free(fs0), free(fsT), free(fdsT), free(fds0);
-        free(fo.saved), free(fo.ws);
+        free(fsaved), free(fo.ws);
         free(x), free(y), free(dy), free(dx), free(s0), free(sT), free(dsT), free(ds0);
         kt_layer_free(&L);
     }

@@ -140,9 +140,10 @@ START_TEST(test_good_recipe_document)
               "{\"plugin\":\"fixture_opt\",\"kind\":\"optimizer\",\"path\":null,\"lr\":0.003,"
               "\"config\":{\"weight_decay\":0.0,\"beta1\":0.9}}");
     same_json(at(doc, "plan"),
-              "{\"dp\":1,\"ep\":1,\"cp\":1,\"comm\":\"auto\",\"micro_batch\":8,\"seq_len\":256,\"grad_accum\":1,"
-              "\"device\":\"auto\",\"dtype\":\"auto\",\"threads\":0,\"peak_tflops\":0.0,"
-              "\"deterministic\":false,\"shard_optimizer\":false}");
+              "{\"dp\":1,\"ep\":1,\"cp\":1,\"comm\":\"auto\",\"pp\":1,\"micro_batch\":8,"
+              "\"seq_len\":256,\"grad_accum\":1,\"device\":\"auto\",\"dtype\":\"auto\",\"threads\":0,"
+              "\"peak_tflops\":0.0,\"deterministic\":false,\"shard_optimizer\":false,"
+              "\"shard_gradients\":false}");
     same_json(at(doc, "train"),
               "{\"steps\":1000,\"warmup\":100,\"schedule\":\"cosine\",\"min_lr_ratio\":0.1,"
               "\"seed\":1,\"grad_clip\":1.0,\"log_interval\":10,\"eval_interval\":250,"

@@ -58,33 +58,33 @@ static int SUF(layer_prep)(const kda *m, k3rt_stream *s, const kda_io *io, const
 {
     int64_t N = io->B * io->T, d = m->d, H = m->H, HV = m->HV;
     int64_t Dk = H * m->dim_k, Dv = HV * m->dim_v, Dg = HV * m->dim_k;
-    REAL *sv = io->saved, *ws = io->ws;
+    REAL *ws = io->ws;
     const REAL *x = io->x;
     const void *const *P = io->params;
-    K3RT_TRY(SUF(lin)(s, x, P[KDA_Q], sv + l->qp, N, d, Dk, err));
-    K3RT_TRY(SUF(lin)(s, x, P[KDA_K], sv + l->kp, N, d, Dk, err));
-    K3RT_TRY(SUF(lin)(s, x, P[KDA_V], sv + l->vp, N, d, Dv, err));
+    K3RT_TRY(SUF(lin)(s, x, P[KDA_Q], KDA_SV(l, l->qp), N, d, Dk, err));
+    K3RT_TRY(SUF(lin)(s, x, P[KDA_K], KDA_SV(l, l->kp), N, d, Dk, err));
+    K3RT_TRY(SUF(lin)(s, x, P[KDA_V], KDA_SV(l, l->vp), N, d, Dv, err));
     const REAL *hq, *hk, *hv;
     K3RT_TRY(SUF(halo_proj)(m, s, io, l, ws, &hq, &hk, &hv, err));
-    SUF(conv_fwd)(s, io, Dk, m->W, sv + l->qp, hq, P[KDA_QCONV], sv + l->qc);
-    SUF(conv_fwd)(s, io, Dk, m->W, sv + l->kp, hk, P[KDA_KCONV], sv + l->kc);
-    SUF(conv_fwd)(s, io, Dv, m->W, sv + l->vp, hv, P[KDA_VCONV], sv + l->vc);
-    SUF(l2_job) lq = {H, m->dim_k, sv + l->qc, NULL, NULL, sv + l->qn, sv + l->rq, NULL};
-    SUF(l2_job) lk = {H, m->dim_k, sv + l->kc, NULL, NULL, sv + l->kn, sv + l->rk, NULL};
+    SUF(conv_fwd)(s, io, Dk, m->W, KDA_SV(l, l->qp), hq, P[KDA_QCONV], KDA_SV(l, l->qc));
+    SUF(conv_fwd)(s, io, Dk, m->W, KDA_SV(l, l->kp), hk, P[KDA_KCONV], KDA_SV(l, l->kc));
+    SUF(conv_fwd)(s, io, Dv, m->W, KDA_SV(l, l->vp), hv, P[KDA_VCONV], KDA_SV(l, l->vc));
+    SUF(l2_job) lq = {H, m->dim_k, KDA_SV(l, l->qc), NULL, NULL, KDA_SV(l, l->qn), KDA_SV(l, l->rq), NULL};
+    SUF(l2_job) lk = {H, m->dim_k, KDA_SV(l, l->kc), NULL, NULL, KDA_SV(l, l->kn), KDA_SV(l, l->rk), NULL};
     SUF(par)(s, N, SUF(l2_fwd_rows), &lq);
     SUF(par)(s, N, SUF(l2_fwd_rows), &lk);
-    K3RT_TRY(k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SILU, sv + l->vc, sv + l->v, N * Dv, err));
+    K3RT_TRY(k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SILU, KDA_SV(l, l->vc), KDA_SV(l, l->v), N * Dv, err));
     if (m->rf) {
-        K3RT_TRY(SUF(lin)(s, x, P[KDA_FA], sv + l->fa, N, d, m->rf, err));
-        K3RT_TRY(SUF(lin)(s, sv + l->fa, P[KDA_FB], sv + l->z, N, m->rf, Dg, err));
+        K3RT_TRY(SUF(lin)(s, x, P[KDA_FA], KDA_SV(l, l->fa), N, d, m->rf, err));
+        K3RT_TRY(SUF(lin)(s, KDA_SV(l, l->fa), P[KDA_FB], KDA_SV(l, l->z), N, m->rf, Dg, err));
     } else {
-        K3RT_TRY(SUF(lin)(s, x, P[KDA_F], sv + l->z, N, d, Dg, err));
+        K3RT_TRY(SUF(lin)(s, x, P[KDA_F], KDA_SV(l, l->z), N, d, Dg, err));
     }
-    SUF(gate_job) gj = {m, N, P[KDA_ALOG], P[KDA_DTB], NULL, sv + l->z, sv + l->g, NULL, NULL,
+    SUF(gate_job) gj = {m, N, P[KDA_ALOG], P[KDA_DTB], NULL, KDA_SV(l, l->z), KDA_SV(l, l->g), NULL, NULL,
                         NULL};
     SUF(par)(s, N, SUF(gate_fwd_rows), &gj);
-    K3RT_TRY(SUF(lin)(s, x, P[KDA_B], sv + l->beta, N, d, HV, err));
-    return k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SIGMOID, sv + l->beta, sv + l->beta, N * HV, err);
+    K3RT_TRY(SUF(lin)(s, x, P[KDA_B], KDA_SV(l, l->beta), N, d, HV, err));
+    return k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SIGMOID, KDA_SV(l, l->beta), KDA_SV(l, l->beta), N * HV, err);
 }
 
 /* The recurrence over the sequences of a call: the B rows, or with documents each document
@@ -123,7 +123,7 @@ int SUF(kda_layer_fwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
     int64_t B = io->B, T = io->T, N = B * T, d = m->d, HV = m->HV, Dv = HV * m->dim_v;
     kda_layout l;
     kda_layout_make(m, B, T, m->slots, &l);
-    REAL *sv = io->saved, *ws = io->ws;
+    REAL *ws = io->ws;
     const REAL *x = io->x;
     const void *const *P = io->params;
     K3RT_TRY(SUF(layer_prep)(m, s, io, &l, err));
@@ -134,24 +134,24 @@ int SUF(kda_layer_fwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
         SUF(core_seq) q;
         SUF(core_seq_at)(m, io, i, &at, &q);
         int64_t t = q.t0;
-        K3RT_TRY(SUF(kda_core_fwd)(s, m->algorithm, &q.d, sv + l.qn + t * Dk, sv + l.kn + t * Dk,
-                                   sv + l.v + t * Dv, sv + l.g + t * Dg, sv + l.beta + t * HV,
-                                   q.first && s_in ? s_in + q.row * ns : NULL, sv + l.o + t * Dv,
-                                   sv + l.states + q.states,
+        K3RT_TRY(SUF(kda_core_fwd)(s, m->algorithm, &q.d, KDA_SV(&l, l.qn) + t * Dk, KDA_SV(&l, l.kn) + t * Dk,
+                                   KDA_SV(&l, l.v) + t * Dv, KDA_SV(&l, l.g) + t * Dg, KDA_SV(&l, l.beta) + t * HV,
+                                   q.first && s_in ? s_in + q.row * ns : NULL, KDA_SV(&l, l.o) + t * Dv,
+                                   KDA_SV(&l, l.states) + q.states,
                                    q.last && s_out ? s_out + q.row * ns : NULL, ws + l.core,
                                    l.core_n, err));
     }
-    K3RT_TRY(k3rt_rmsnorm_fwd(s, KDA_DTYPE, sv + l.o, P[KDA_NORM], ws + l.on, sv + l.rstd,
+    K3RT_TRY(k3rt_rmsnorm_fwd(s, KDA_DTYPE, KDA_SV(&l, l.o), P[KDA_NORM], ws + l.on, KDA_SV(&l, l.rstd),
                               N * HV, m->dim_v, m->norm_eps, err));
     if (m->rg) {
-        K3RT_TRY(SUF(lin)(s, x, P[KDA_GA], sv + l.ga, N, d, m->rg, err));
-        K3RT_TRY(SUF(lin)(s, sv + l.ga, P[KDA_GB], sv + l.G, N, m->rg, Dv, err));
+        K3RT_TRY(SUF(lin)(s, x, P[KDA_GA], KDA_SV(&l, l.ga), N, d, m->rg, err));
+        K3RT_TRY(SUF(lin)(s, KDA_SV(&l, l.ga), P[KDA_GB], KDA_SV(&l, l.G), N, m->rg, Dv, err));
     } else {
-        K3RT_TRY(SUF(lin)(s, x, P[KDA_G], sv + l.G, N, d, Dv, err));
+        K3RT_TRY(SUF(lin)(s, x, P[KDA_G], KDA_SV(&l, l.G), N, d, Dv, err));
     }
-    SUF(ogate_job) og = {Dv, ws + l.on, sv + l.G, NULL, sv + l.yg, NULL, NULL};
+    SUF(ogate_job) og = {Dv, ws + l.on, KDA_SV(&l, l.G), NULL, KDA_SV(&l, l.yg), NULL, NULL};
     SUF(par)(s, N, SUF(ogate_fwd_rows), &og);
-    return SUF(lin)(s, sv + l.yg, P[KDA_O], io->y, N, Dv, d, err);
+    return SUF(lin)(s, KDA_SV(&l, l.yg), P[KDA_O], io->y, N, Dv, d, err);
 }
 
 /* One of q, k, v from the gradient of its conv output: conv backward (+ halo), then the
@@ -179,7 +179,7 @@ int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
     int64_t Dk = H * m->dim_k, Dv = HV * m->dim_v, Dg = HV * m->dim_k;
     kda_layout l;
     kda_layout_make(m, B, T, m->slots, &l);
-    REAL *sv = io->saved, *ws = io->ws;
+    REAL *ws = io->ws;
     const REAL *x = io->x;
     const void *const *P = io->params;
     void *const *Gr = io->grads;
@@ -187,21 +187,21 @@ int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
         memset(io->dx_halo, 0, (size_t)(B * (m->W - 1) * d) * sizeof(REAL));
     REAL *d1 = ws + l.d1, *d2 = ws + l.d2, *d3 = ws + l.d3, *dlow = ws + l.dlow;
     /* y = yg Wo^T */
-    K3RT_TRY(SUF(lin_bwd)(s, sv + l.yg, P[KDA_O], io->dy, d1, Gr[KDA_O], N, Dv, d, 0, err));
+    K3RT_TRY(SUF(lin_bwd)(s, KDA_SV(&l, l.yg), P[KDA_O], io->dy, d1, Gr[KDA_O], N, Dv, d, 0, err));
     /* yg = on ⊙ sigmoid(G): d1 = dyg -> d2 = d(on), d3 = dG */
-    K3RT_TRY(k3rt_rmsnorm_fwd(s, KDA_DTYPE, sv + l.o, P[KDA_NORM], ws + l.on, NULL, N * HV,
+    K3RT_TRY(k3rt_rmsnorm_fwd(s, KDA_DTYPE, KDA_SV(&l, l.o), P[KDA_NORM], ws + l.on, NULL, N * HV,
                               m->dim_v, m->norm_eps, err));
-    SUF(ogate_job) og = {Dv, ws + l.on, sv + l.G, d1, NULL, d2, d3};
+    SUF(ogate_job) og = {Dv, ws + l.on, KDA_SV(&l, l.G), d1, NULL, d2, d3};
     SUF(par)(s, N, SUF(ogate_bwd_rows), &og);
     if (m->rg) {
-        K3RT_TRY(SUF(lin_bwd)(s, sv + l.ga, P[KDA_GB], d3, dlow, Gr[KDA_GB], N, m->rg, Dv, 0,
+        K3RT_TRY(SUF(lin_bwd)(s, KDA_SV(&l, l.ga), P[KDA_GB], d3, dlow, Gr[KDA_GB], N, m->rg, Dv, 0,
                               err));
         K3RT_TRY(SUF(lin_bwd)(s, x, P[KDA_GA], dlow, io->dx, Gr[KDA_GA], N, d, m->rg, 0, err));
     } else {
         K3RT_TRY(SUF(lin_bwd)(s, x, P[KDA_G], d3, io->dx, Gr[KDA_G], N, d, Dv, 0, err));
     }
     /* on = RMSNorm(o) w_norm: d1 = do */
-    K3RT_TRY(k3rt_rmsnorm_bwd(s, KDA_DTYPE, sv + l.o, P[KDA_NORM], sv + l.rstd, d2, d1,
+    K3RT_TRY(k3rt_rmsnorm_bwd(s, KDA_DTYPE, KDA_SV(&l, l.o), P[KDA_NORM], KDA_SV(&l, l.rstd), d2, d1,
                               Gr[KDA_NORM], N * HV, m->dim_v, 0, err));
     /* the recurrence */
     REAL *dq = ws + l.dq, *dk = ws + l.dk, *dv = ws + l.dv, *dg = ws + l.dg;
@@ -213,42 +213,42 @@ int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
         SUF(core_seq) q;
         SUF(core_seq_at)(m, io, i, &at, &q);
         int64_t t = q.t0;
-        K3RT_TRY(SUF(kda_core_bwd)(s, m->algorithm, &q.d, sv + l.qn + t * Dk, sv + l.kn + t * Dk,
-                                   sv + l.v + t * Dv, sv + l.g + t * Dg, sv + l.beta + t * HV,
-                                   sv + l.states + q.states, d1 + t * Dv,
+        K3RT_TRY(SUF(kda_core_bwd)(s, m->algorithm, &q.d, KDA_SV(&l, l.qn) + t * Dk, KDA_SV(&l, l.kn) + t * Dk,
+                                   KDA_SV(&l, l.v) + t * Dv, KDA_SV(&l, l.g) + t * Dg, KDA_SV(&l, l.beta) + t * HV,
+                                   KDA_SV(&l, l.states) + q.states, d1 + t * Dv,
                                    q.last && ds_out ? ds_out + q.row * ns : NULL, dq + t * Dk,
                                    dk + t * Dk, dv + t * Dv, dg + t * Dg, dbeta + t * HV,
                                    q.first && ds_in ? ds_in + q.row * ns : NULL, ws + l.core,
                                    l.core_n, err));
     }
     /* forget gate: dg -> dz (in place), dA_log, ddt_bias; then its projections */
-    SUF(gate_job) gj = {m, N, P[KDA_ALOG], NULL, dg, sv + l.z, NULL, dg, Gr[KDA_DTB],
+    SUF(gate_job) gj = {m, N, P[KDA_ALOG], NULL, dg, KDA_SV(&l, l.z), NULL, dg, Gr[KDA_DTB],
                         ws + l.dac};
     k3rt_parallel_for(s, Dg, 8, SUF(gate_bwd_channels), &gj);
     REAL *dalog = Gr[KDA_ALOG];
     for (int64_t c = 0; c < Dg; c++)
         dalog[c / m->dim_k] += ws[l.dac + c];
     if (m->rf) {
-        K3RT_TRY(SUF(lin_bwd)(s, sv + l.fa, P[KDA_FB], dg, dlow, Gr[KDA_FB], N, m->rf, Dg, 0,
+        K3RT_TRY(SUF(lin_bwd)(s, KDA_SV(&l, l.fa), P[KDA_FB], dg, dlow, Gr[KDA_FB], N, m->rf, Dg, 0,
                               err));
         K3RT_TRY(SUF(lin_bwd)(s, x, P[KDA_FA], dlow, io->dx, Gr[KDA_FA], N, d, m->rf, 1, err));
     } else {
         K3RT_TRY(SUF(lin_bwd)(s, x, P[KDA_F], dg, io->dx, Gr[KDA_F], N, d, Dg, 1, err));
     }
     /* beta = sigmoid(x Wb^T) */
-    const REAL *beta = sv + l.beta;
+    const REAL *beta = KDA_SV(&l, l.beta);
     for (int64_t i = 0; i < N * HV; i++)
         dbeta[i] *= beta[i] * (1 - beta[i]);
     K3RT_TRY(SUF(lin_bwd)(s, x, P[KDA_B], dbeta, io->dx, Gr[KDA_B], N, d, HV, 1, err));
     /* q, k: L2 norm and SiLU (in place), v: SiLU; then conv and projections */
-    SUF(l2_job) lq = {H, m->dim_k, sv + l.qc, sv + l.qn, sv + l.rq, NULL, NULL, dq};
-    SUF(l2_job) lk = {H, m->dim_k, sv + l.kc, sv + l.kn, sv + l.rk, NULL, NULL, dk};
+    SUF(l2_job) lq = {H, m->dim_k, KDA_SV(&l, l.qc), KDA_SV(&l, l.qn), KDA_SV(&l, l.rq), NULL, NULL, dq};
+    SUF(l2_job) lk = {H, m->dim_k, KDA_SV(&l, l.kc), KDA_SV(&l, l.kn), KDA_SV(&l, l.rk), NULL, NULL, dk};
     SUF(par)(s, N, SUF(l2_bwd_rows), &lq);
     SUF(par)(s, N, SUF(l2_bwd_rows), &lk);
-    K3RT_TRY(k3rt_act_bwd(s, KDA_DTYPE, K3RT_ACT_SILU, sv + l.vc, dv, d2, N * Dv, 0, err));
+    K3RT_TRY(k3rt_act_bwd(s, KDA_DTYPE, K3RT_ACT_SILU, KDA_SV(&l, l.vc), dv, d2, N * Dv, 0, err));
     const REAL *hq, *hk, *hv;
     K3RT_TRY(SUF(halo_proj)(m, s, io, &l, ws, &hq, &hk, &hv, err));
-    K3RT_TRY(SUF(qkv_bwd)(m, s, io, &l, sv + l.qp, hq, KDA_Q, KDA_QCONV, Dk, dq, 1, err));
-    K3RT_TRY(SUF(qkv_bwd)(m, s, io, &l, sv + l.kp, hk, KDA_K, KDA_KCONV, Dk, dk, 0, err));
-    return SUF(qkv_bwd)(m, s, io, &l, sv + l.vp, hv, KDA_V, KDA_VCONV, Dv, d2, 0, err);
+    K3RT_TRY(SUF(qkv_bwd)(m, s, io, &l, KDA_SV(&l, l.qp), hq, KDA_Q, KDA_QCONV, Dk, dq, 1, err));
+    K3RT_TRY(SUF(qkv_bwd)(m, s, io, &l, KDA_SV(&l, l.kp), hk, KDA_K, KDA_KCONV, Dk, dk, 0, err));
+    return SUF(qkv_bwd)(m, s, io, &l, KDA_SV(&l, l.vp), hv, KDA_V, KDA_VCONV, Dv, d2, 0, err);
 }

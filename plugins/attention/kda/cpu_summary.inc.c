@@ -56,7 +56,7 @@ int SUF(kda_layer_summary)(const kda *m, k3rt_stream *s, const kda_io *io, REAL 
 {
     kda_layout l;
     kda_layout_make(m, io->B, io->T, m->slots, &l);
-    REAL *sv = io->saved, *ws = io->ws;
+    REAL *ws = io->ws;
     K3RT_TRY(SUF(layer_prep)(m, s, io, &l, err));
     const int64_t HV = m->HV, Dk = m->H * m->dim_k, Dv = HV * m->dim_v, Dg = HV * m->dim_k;
     const int64_t nm = HV * m->dim_k * m->dim_k, nb = HV * m->dim_k * m->dim_v;
@@ -68,9 +68,9 @@ int SUF(kda_layer_summary)(const kda *m, k3rt_stream *s, const kda_io *io, REAL 
         if (!q.last)
             continue;
         int64_t t = q.t0;
-        K3RT_TRY(SUF(kda_core_summary)(s, &q.d, sv + l.qn + t * Dk, sv + l.kn + t * Dk,
-                                       sv + l.v + t * Dv, sv + l.g + t * Dg,
-                                       sv + l.beta + t * HV, sm + q.row * nm, sb + q.row * nb,
+        K3RT_TRY(SUF(kda_core_summary)(s, &q.d, KDA_SV(&l, l.qn) + t * Dk, KDA_SV(&l, l.kn) + t * Dk,
+                                       KDA_SV(&l, l.v) + t * Dv, KDA_SV(&l, l.g) + t * Dg,
+                                       KDA_SV(&l, l.beta) + t * HV, sm + q.row * nm, sb + q.row * nb,
                                        ws + l.core, l.core_n, err));
         if (!q.first)
             memset(sm + q.row * nm, 0, (size_t)nm * sizeof(REAL));

@@ -109,6 +109,18 @@ typedef struct kda_dims {
     double scale;       /* applied to q: dim_k^-1/2 */
 } kda_dims;
 
+/* The CPU's saved parts, in declaration order (plugin.c kda_saved); the inputs of matrix
+ * products alone (the gates' low-rank hiddens, o_proj's input) are GEMM-only. */
+enum {
+    KDA_SAVED_PROJ, KDA_SAVED_CONV, KDA_SAVED_CORE_IN, KDA_SAVED_QK_RSTD, KDA_SAVED_FORGET_LOW,
+    KDA_SAVED_GATES, KDA_SAVED_CORE_OUT, KDA_SAVED_OUT_RSTD, KDA_SAVED_OGATE_LOW,
+    KDA_SAVED_OGATE, KDA_SAVED_OUT_IN, KDA_SAVED_STATES, KDA_SAVED_N
+};
+
+/* A saved tensor by its layout offset (kda_layout *lp), in whichever part holds it. */
+#define KDA_SV(lp, off) \
+    ((REAL *)k3rt_saved_at(io->saved, (lp)->part_end, KDA_SAVED_N, (off), sizeof(REAL)))
+
 /* Elements of the compute dtype, into the saved buffer (forward -> backward) and the
  * workspace. N = B*T tokens, Dk = H*dim_k, Dv = HV*dim_v, Dg = HV*dim_k. */
 typedef struct kda_layout {
@@ -129,6 +141,7 @@ typedef struct kda_layout {
     int64_t states;            /* [B, HV, NT, dim_k, dim_v] state at every chunk start (with
                                   documents: [HV, NT_j, dim_k, dim_v] for each in turn) */
     int64_t saved;             /* total */
+    int64_t part_end[KDA_SAVED_N]; /* the run as the CPU's saved parts (cumulative ends) */
     /* workspace of forward, backward and cp_summary */
     int64_t on;                /* [N, Dv]       normed core output */
     int64_t halo;              /* [B*(W-1), Dk+Dk+Dv] projections of the conv halo */
@@ -142,6 +155,14 @@ typedef struct kda_layout {
     int64_t core, core_n;      /* the recurrence's workspace and its size */
     int64_t workspace;         /* total */
 } kda_layout;
+
+/* The parts of layout l pointed into one block laid out as the run (benchmarks, which call
+ * the layer functions without the engine). */
+static inline void kda_parts_in_block(const kda_layout *l, void *block, size_t es, void **parts)
+{
+    for (int i = 0; i < KDA_SAVED_N; i++)
+        parts[i] = (char *)block + (size_t)(i ? l->part_end[i - 1] : 0) * es;
+}
 
 void kda_layout_make(const kda *m, int64_t B, int64_t T, int slots, kda_layout *l);
 /* FLOPs (multiply-add = 2) of the recurrence alone, forward and backward. */
@@ -163,7 +184,8 @@ typedef struct kda_io {
     void *dx, *dx_halo;        /* dx overwritten; dx_halo overwritten when both halos given */
     const void *ds_out;        /* or NULL (zeros) */
     void *ds_in;               /* or NULL */
-    void *saved, *ws;
+    void *const *saved;        /* the saved parts (kda_layout.part_end) */
+    void *ws;
     /* Packed sequences: doc_offsets ([n_docs + 1] i32 on the instance's device) or NULL. State
      * and conv window restart at every document; a row's first document starts from s_in and
      * x_halo of its row, its last one gives s_out. */

@@ -311,7 +311,8 @@ static int kda_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
     return K3RT_OK;
 }
 
-/* The saved activations: on the CPU one block (kda_layout), on CUDA one part per tensor. */
+/* The saved activations: on the CPU the layout's run in parts (kda.h), on CUDA one part per
+ * tensor. */
 static int kda_saved(void *self, int64_t batch, int64_t seq, k3rt_saved_sink *sink,
                      k3rt_error *err)
 {
@@ -320,15 +321,28 @@ static int kda_saved(void *self, int64_t batch, int64_t seq, k3rt_saved_sink *si
     if (m->device != K3RT_DEVICE_CPU)
         return kda_gpu_saved(m, batch, seq, sink, err);
 #endif
+    static const char *const names[KDA_SAVED_N] = {
+        "proj", "conv", "core_in", "qk_rstd", "forget_low", "gates", "core_out", "out_rstd",
+        "ogate_low", "ogate", "out_in", "states"};
     kda_layout l;
     kda_layout_make(m, batch, seq, m->slots, &l);
-    k3rt_saved_decl d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = sizeof d;
-    d.name = "activations";
-    d.bytes = l.saved * (int64_t)k3rt_dtype_size(m->dtype);
-    d.dtype = m->dtype;
-    return k3rt_saved_sink_add(sink, &d, err);
+    int64_t es = (int64_t)k3rt_dtype_size(m->dtype);
+    k3rt_flops fl;
+    kda_flops(self, batch, seq, &fl);
+    for (int i = 0; i < KDA_SAVED_N; i++) {
+        int gemm = i == KDA_SAVED_FORGET_LOW || i == KDA_SAVED_OGATE_LOW ||
+                   i == KDA_SAVED_OUT_IN;
+        k3rt_saved_decl d;
+        memset(&d, 0, sizeof d);
+        d.struct_size = sizeof d;
+        d.name = names[i];
+        d.bytes = (l.part_end[i] - (i ? l.part_end[i - 1] : 0)) * es;
+        d.dtype = m->dtype;
+        d.flags = K3RT_SAVED_RECOMPUTE | (gemm ? K3RT_SAVED_GEMM_ONLY : 0);
+        d.recompute_flops = fl.forward;
+        K3RT_TRY(k3rt_saved_sink_add(sink, &d, err));
+    }
+    return K3RT_OK;
 }
 
 /* ---- attention calls ---------------------------------------------------------------------- */
@@ -384,7 +398,7 @@ static void fwd_io(const kda *m, const k3rt_fwd_args *a, kda_io *io)
     io->B = a->batch, io->T = a->seq;
     io->x = a->x.data, io->y = a->y.data;
     io->x_halo = opt_data(&a->x_prefix);
-    io->saved = a->saved[0], io->ws = a->workspace;
+    io->saved = a->saved, io->ws = a->workspace;
     io->docs = opt_data(&a->doc_offsets);
     io->n_docs = a->doc_offsets.ndim ? a->doc_offsets.shape[0] - 1 : 0;
 }
@@ -426,7 +440,7 @@ static int kda_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
     io.x = a->x.data, io.dy = a->dy.data, io.dx = a->dx.data;
     io.x_halo = opt_data(&a->x_prefix);
     io.dx_halo = (void *)opt_data(&a->d_x_prefix);
-    io.saved = a->saved[0], io.ws = a->workspace;
+    io.saved = a->saved, io.ws = a->workspace;
     io.docs = opt_data(&a->doc_offsets);
     io.n_docs = a->doc_offsets.ndim ? a->doc_offsets.shape[0] - 1 : 0;
     return m->dtype == K3RT_F32 ? kda_layer_bwd_f32(m, a->stream, &io, err)

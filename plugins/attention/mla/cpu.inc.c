@@ -13,6 +13,12 @@
 
 #include "mla.h"
 
+/* A saved tensor by its layout offset, in whichever CPU part holds it (mla_layout.part_end). */
+#ifndef MLA_CPU_SV
+#define MLA_CPU_SV
+#define SV(off) ((REAL *)k3rt_saved_at(a->saved, L.part_end, MLA_SAVED_N, (off), sizeof(REAL)))
+#endif
+
 /* Branch-free (gate signs are random: a branch mispredicts half the time). x is held >= -80 so
  * EXP(-x) stays finite and 1/(1 + EXP(-x)) never goes denormal; sigmoid(-80) = 1.8e-35 stands
  * for anything below. */
@@ -258,7 +264,7 @@ int SUF(mla_forward)(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
     int64_t dn = m->dn, dr = m->dr, dv = m->dv, dc = m->dc, rq = m->rq, dqk = m->dqk;
     mla_layout L;
     mla_layout_make(m, B, T, m->slots, &L);
-    REAL *sv = a->saved[0], *ws = a->workspace, *W[MLA_N_SLOTS];
+    REAL *ws = a->workspace, *W[MLA_N_SLOTS];
     SUF(by_slot)(m, a->params, W);
     const REAL *x = a->x.data;
 
@@ -266,10 +272,10 @@ int SUF(mla_forward)(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
     const REAL *qin = x;
     int64_t din = d;
     if (rq) {
-        K3RT_TRY(k3rt_linear_fwd(s, DTYPE, x, W[MLA_Q_A], NULL, sv + L.qa, N, d, rq, err));
-        K3RT_TRY(k3rt_rmsnorm_fwd(s, DTYPE, sv + L.qa, W[MLA_Q_A_NORM], sv + L.qan,
-                                  sv + L.q_rstd, N, rq, m->eps, err));
-        qin = sv + L.qan, din = rq;
+        K3RT_TRY(k3rt_linear_fwd(s, DTYPE, x, W[MLA_Q_A], NULL, SV(L.qa), N, d, rq, err));
+        K3RT_TRY(k3rt_rmsnorm_fwd(s, DTYPE, SV(L.qa), W[MLA_Q_A_NORM], SV(L.qan),
+                                  SV(L.q_rstd), N, rq, m->eps, err));
+        qin = SV(L.qan), din = rq;
     }
     K3RT_TRY(k3rt_linear_fwd(s, DTYPE, qin, W[MLA_Q_NOPE], NULL, ws + L.f_qn, N, din, H * dn,
                              err));
@@ -278,25 +284,25 @@ int SUF(mla_forward)(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
                                  H * dr, err));
 
     /* Latent c (kept with its rstd and ĉ) and the shared key kr: the two row blocks of Wkva. */
-    K3RT_TRY(k3rt_linear_fwd(s, DTYPE, x, W[MLA_KV_A], NULL, sv + L.c, N, d, dc, err));
+    K3RT_TRY(k3rt_linear_fwd(s, DTYPE, x, W[MLA_KV_A], NULL, SV(L.c), N, d, dc, err));
     if (dr)
         K3RT_TRY(k3rt_linear_fwd(s, DTYPE, x, W[MLA_KV_A] + dc * d, NULL, ws + L.f_kr, N, d, dr,
                                  err));
-    K3RT_TRY(k3rt_rmsnorm_fwd(s, DTYPE, sv + L.c, W[MLA_KV_A_NORM], sv + L.chat, sv + L.kv_rstd,
+    K3RT_TRY(k3rt_rmsnorm_fwd(s, DTYPE, SV(L.c), W[MLA_KV_A_NORM], SV(L.chat), SV(L.kv_rstd),
                               N, dc, m->eps, err));
-    K3RT_TRY(k3rt_linear_fwd(s, DTYPE, sv + L.chat, W[MLA_K_B], NULL, ws + L.f_kn, N, dc, H * dn,
+    K3RT_TRY(k3rt_linear_fwd(s, DTYPE, SV(L.chat), W[MLA_K_B], NULL, ws + L.f_kn, N, dc, H * dn,
                              err));
-    K3RT_TRY(k3rt_linear_fwd(s, DTYPE, sv + L.chat, W[MLA_V_B], NULL, sv + L.v, N, dc, H * dv,
+    K3RT_TRY(k3rt_linear_fwd(s, DTYPE, SV(L.chat), W[MLA_V_B], NULL, SV(L.v), N, dc, H * dv,
                              err));
 
     /* Q, K as [B, T, H, dn | dr]; every head's key gets the same kr (kept). */
-    SUF(scatter_heads)(sv + L.q, dqk, 0, ws + L.f_qn, N, H, dn);
-    SUF(scatter_heads)(sv + L.k, dqk, 0, ws + L.f_kn, N, H, dn);
+    SUF(scatter_heads)(SV(L.q), dqk, 0, ws + L.f_qn, N, H, dn);
+    SUF(scatter_heads)(SV(L.k), dqk, 0, ws + L.f_kn, N, H, dn);
     if (dr) {
-        SUF(scatter_heads)(sv + L.q, dqk, dn, ws + L.f_qr, N, H, dr);
+        SUF(scatter_heads)(SV(L.q), dqk, dn, ws + L.f_qr, N, H, dr);
         for (int64_t n = 0; n < N; n++)
             for (int64_t h = 0; h < H; h++)
-                memcpy(sv + L.k + (n * H + h) * dqk + dn, ws + L.f_kr + n * dr,
+                memcpy(SV(L.k) + (n * H + h) * dqk + dn, ws + L.f_kr + n * dr,
                        (size_t)dr * sizeof(REAL));
     }
 
@@ -304,7 +310,7 @@ int SUF(mla_forward)(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
     SUF(attn) c;
     memset(&c, 0, sizeof c);
     c.m = m, c.s = s, c.B = B, c.T = T;
-    c.q = sv + L.q, c.k = sv + L.k, c.v = sv + L.v, c.out = sv + L.o, c.lse = sv + L.lse;
+    c.q = SV(L.q), c.k = SV(L.k), c.v = SV(L.v), c.out = SV(L.o), c.lse = SV(L.lse);
     c.item_max = ws + L.f_max;
     c.scratch = ws + L.f_scratch, c.scratch_per_slot = (int64_t)MLA_BLOCK * T;
     K3RT_TRY(SUF(attn_run)(&c, SUF(attn_fwd_range), err));
@@ -316,10 +322,10 @@ int SUF(mla_forward)(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
     }
 
     /* Output gate (z = x Wg^T kept): og = O ⊙ sigmoid(z); y = og Wo^T. */
-    const REAL *og = sv + L.o;
+    const REAL *og = SV(L.o);
     if (m->gate) {
-        REAL *z = sv + L.z, *g = ws + L.f_og;
-        const REAL *o = sv + L.o;
+        REAL *z = SV(L.z), *g = ws + L.f_og;
+        const REAL *o = SV(L.o);
         K3RT_TRY(k3rt_linear_fwd(s, DTYPE, x, W[MLA_GATE], NULL, z, N, d, H * dv, err));
         for (int64_t i = 0; i < N * H * dv; i++)
             g[i] = o[i] * SUF(sigmoid)(z[i]);
@@ -337,10 +343,10 @@ int SUF(mla_backward)(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
     int64_t dn = m->dn, dr = m->dr, dv = m->dv, dc = m->dc, rq = m->rq, dqk = m->dqk;
     mla_layout L;
     mla_layout_make(m, B, T, m->slots, &L);
-    REAL *sv = a->saved[0], *ws = a->workspace, *W[MLA_N_SLOTS], *G[MLA_N_SLOTS];
+    REAL *ws = a->workspace, *W[MLA_N_SLOTS], *G[MLA_N_SLOTS];
     SUF(by_slot)(m, a->params, W);
     SUF(by_slot)(m, a->grads, G);
-    const REAL *x = a->x.data, *dy = a->dy.data, *o = sv + L.o;
+    const REAL *x = a->x.data, *dy = a->dy.data, *o = SV(L.o);
     REAL *dx = a->dx.data;
     int acc = 0; /* dx is overwritten by its first contribution, then accumulated */
 
@@ -348,7 +354,7 @@ int SUF(mla_backward)(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
      * dz = dog ⊙ O ⊙ σ'(z) -> dWg, dx;  dO = dog ⊙ σ(z). */
     REAL *dO = ws + L.b_g2;
     if (m->gate) {
-        const REAL *z = sv + L.z;
+        const REAL *z = SV(L.z);
         REAL *g1 = ws + L.b_g1;
         for (int64_t i = 0; i < N * H * dv; i++)
             g1[i] = o[i] * SUF(sigmoid)(z[i]);
@@ -371,7 +377,7 @@ int SUF(mla_backward)(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
     SUF(attn) c;
     memset(&c, 0, sizeof c);
     c.m = m, c.s = s, c.B = B, c.T = T;
-    c.q = sv + L.q, c.k = sv + L.k, c.v = sv + L.v, c.o = o, c.lse = sv + L.lse;
+    c.q = SV(L.q), c.k = SV(L.k), c.v = SV(L.v), c.o = o, c.lse = SV(L.lse);
     c.dout = dO, c.dq = ws + L.b_dq, c.dk = ws + L.b_dk, c.dv = ws + L.b_dv;
     c.scratch = ws + L.b_scratch, c.scratch_per_slot = 2 * (int64_t)MLA_BLOCK * T;
     K3RT_TRY(SUF(attn_run)(&c, SUF(attn_bwd_range), err));
@@ -396,11 +402,11 @@ int SUF(mla_backward)(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
 
     /* Latent side: dĉ = dkn Wkb + dV Wvb; RMSNorm backward; dx += dc Wkva[:dc] + dkr Wkva[dc:]. */
     REAL *dchat = ws + L.b_dchat, *dcl = ws + L.b_dc;
-    K3RT_TRY(k3rt_linear_bwd(s, DTYPE, sv + L.chat, W[MLA_K_B], dkn, dchat, G[MLA_K_B], NULL, N,
+    K3RT_TRY(k3rt_linear_bwd(s, DTYPE, SV(L.chat), W[MLA_K_B], dkn, dchat, G[MLA_K_B], NULL, N,
                              dc, H * dn, 0, err));
-    K3RT_TRY(k3rt_linear_bwd(s, DTYPE, sv + L.chat, W[MLA_V_B], c.dv, dchat, G[MLA_V_B], NULL, N,
+    K3RT_TRY(k3rt_linear_bwd(s, DTYPE, SV(L.chat), W[MLA_V_B], c.dv, dchat, G[MLA_V_B], NULL, N,
                              dc, H * dv, 1, err));
-    K3RT_TRY(k3rt_rmsnorm_bwd(s, DTYPE, sv + L.c, W[MLA_KV_A_NORM], sv + L.kv_rstd, dchat, dcl,
+    K3RT_TRY(k3rt_rmsnorm_bwd(s, DTYPE, SV(L.c), W[MLA_KV_A_NORM], SV(L.kv_rstd), dchat, dcl,
                               G[MLA_KV_A_NORM], N, dc, 0, err));
     K3RT_TRY(k3rt_linear_bwd(s, DTYPE, x, W[MLA_KV_A], dcl, dx, G[MLA_KV_A], NULL, N, d, dc, acc,
                              err));
@@ -410,7 +416,7 @@ int SUF(mla_backward)(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
                                  G[MLA_KV_A] + dc * d, NULL, N, d, dr, 1, err));
 
     /* Query side: dqin = dqn Wqn + dqr Wqr, through the query RMSNorm and Wqa when rq > 0. */
-    const REAL *qin = rq ? sv + L.qan : x;
+    const REAL *qin = rq ? SV(L.qan) : x;
     int64_t din = rq ? rq : d;
     REAL *dqin = rq ? ws + L.b_dqin : dx;
     K3RT_TRY(k3rt_linear_bwd(s, DTYPE, qin, W[MLA_Q_NOPE], dqn, dqin, G[MLA_Q_NOPE], NULL, N, din,
@@ -420,7 +426,7 @@ int SUF(mla_backward)(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
                                  N, din, H * dr, 1, err));
     if (rq) {
         REAL *dqa = ws + L.b_dqa;
-        K3RT_TRY(k3rt_rmsnorm_bwd(s, DTYPE, sv + L.qa, W[MLA_Q_A_NORM], sv + L.q_rstd, dqin, dqa,
+        K3RT_TRY(k3rt_rmsnorm_bwd(s, DTYPE, SV(L.qa), W[MLA_Q_A_NORM], SV(L.q_rstd), dqin, dqa,
                                   G[MLA_Q_A_NORM], N, rq, 0, err));
         K3RT_TRY(k3rt_linear_bwd(s, DTYPE, x, W[MLA_Q_A], dqa, dx, G[MLA_Q_A], NULL, N, d, rq, 1,
                                  err));

@@ -25,16 +25,23 @@ void mla_layout_make(const mla *m, int64_t B, int64_t T, int slots, mla_layout *
     l->qa = take(&c, m->rq ? N * m->rq : 0);
     l->q_rstd = take(&c, m->rq ? N * st : 0);
     l->qan = take(&c, m->rq ? N * m->rq : 0);
+    l->part_end[MLA_SAVED_Q_LATENT] = c.at;
     l->c = take(&c, N * m->dc);
     l->kv_rstd = take(&c, N * st);
+    l->part_end[MLA_SAVED_KV_LATENT] = c.at;
     l->chat = take(&c, N * m->dc);
+    l->part_end[MLA_SAVED_KV_NORMED] = c.at;
     l->q = take(&c, N * H * m->dqk);
     l->k = take(&c, N * H * m->dqk);
     l->v = take(&c, N * H * m->dv);
+    l->part_end[MLA_SAVED_QKV] = c.at;
     l->o = take(&c, N * H * m->dv);
+    l->part_end[MLA_SAVED_OUT] = c.at;
     l->lse = take(&c, N * H * st);
+    l->part_end[MLA_SAVED_LSE] = c.at;
     l->z = take(&c, m->gate ? N * H * m->dv : 0);
     l->saved = c.at;
+    l->part_end[MLA_SAVED_GATE] = c.at;
 
     c.at = 0;
     l->f_qn = take(&c, N * H * m->dn);

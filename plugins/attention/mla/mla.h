@@ -54,6 +54,15 @@ typedef struct mla {
     int dev_fresh;
 } mla;
 
+/* The CPU's saved parts, in declaration order (plugin.c mla_saved): the query latent and its
+ * norm, the KV latent and its rstd, the normed KV latent (read only by the up-projections'
+ * products), q k v, the attention output, the log-sum-exp, the gate pre-activation. CUDA keeps
+ * the run as one part. */
+enum {
+    MLA_SAVED_Q_LATENT, MLA_SAVED_KV_LATENT, MLA_SAVED_KV_NORMED, MLA_SAVED_QKV, MLA_SAVED_OUT,
+    MLA_SAVED_LSE, MLA_SAVED_GATE, MLA_SAVED_N
+};
+
 /* Offsets, in elements of the compute dtype, into the saved buffer (kept from forward to
  * backward) and the workspace (scratch of one call). N = B*T tokens. Per-row statistics (the
  * rstd of the norms, lse, the max logits, the backward's row dots) are REAL on the CPU and f32
@@ -67,6 +76,7 @@ typedef struct mla_layout {
     int64_t lse;               /* [B, H, T]                  softmax log-sum-exp per row */
     int64_t z;                 /* [B, T, H, dv]              gate pre-activation (gate) */
     int64_t saved;             /* total */
+    int64_t part_end[MLA_SAVED_N]; /* the run as the CPU's saved parts (cumulative ends) */
     /* forward workspace */
     int64_t f_qn, f_qr, f_kn;  /* [N, H*dn], [N, H*dr], [N, H*dn] projections before assembly */
     int64_t f_kr;              /* [N, dr]                    the shared key */

@@ -253,6 +253,38 @@ static int mla_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
     return K3RT_OK;
 }
 
+/* The saved parts (mla.h): on the CPU the layout's run in seven parts, the normed KV latent
+ * (read only by the up-projections' products) GEMM-only; on CUDA one part. */
+static int mla_saved(void *self, int64_t batch, int64_t seq, k3rt_saved_sink *sink,
+                     k3rt_error *err)
+{
+    const mla *m = self;
+    static const char *const names[MLA_SAVED_N] = {"q_latent", "kv_latent", "kv_normed", "qkv",
+                                                   "out", "lse", "gate"};
+    mla_layout l;
+    mla_layout_make(m, batch, seq, m->slots, &l);
+    int64_t es = (int64_t)k3rt_dtype_size(m->dtype);
+    int cpu = m->device == K3RT_DEVICE_CPU;
+    k3rt_saved_decl d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.recompute_flops = mla_fwd_flops(m, batch, seq);
+    d.flags = K3RT_SAVED_RECOMPUTE;
+    if (!cpu) {
+        d.name = "saved";
+        d.bytes = l.saved * es;
+        return k3rt_saved_sink_add(sink, &d, err);
+    }
+    d.dtype = m->dtype;
+    for (int i = 0; i < MLA_SAVED_N; i++) {
+        d.name = names[i];
+        d.bytes = (l.part_end[i] - (i ? l.part_end[i - 1] : 0)) * es;
+        d.flags = K3RT_SAVED_RECOMPUTE | (i == MLA_SAVED_KV_NORMED ? K3RT_SAVED_GEMM_ONLY : 0);
+        K3RT_TRY(k3rt_saved_sink_add(sink, &d, err));
+    }
+    return K3RT_OK;
+}
+
 /* Per-head max of the scaled pre-softmax logit (masked entries excluded), for QK-clip, on the
  * instance's device; nothing under report_max_logit = false. */
 static int mla_stats(void *self, k3rt_tensor_sink *sink, k3rt_error *err)
@@ -309,6 +341,7 @@ static const k3rt_instance_vtable mla_instance = {
     .declare_params = mla_declare_params,
     .flops = mla_flops,
     .memory = mla_memory,
+    .saved = mla_saved,
     .stats = mla_stats,
     .reset_stats = mla_reset_stats,
 };

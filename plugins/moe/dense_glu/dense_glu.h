@@ -6,6 +6,8 @@
 #include <k3rt/k3rt.h>
 
 enum { GLU_GATE = 0, GLU_UP = 1, GLU_DOWN = 2, GLU_N_PARAMS = 3 };
+/* The saved parts, in declaration order (plugin.c glu_saved). */
+enum { GLU_SAVED_G = 0, GLU_SAVED_U = 1, GLU_SAVED_A = 2, GLU_SAVED_N = 3 };
 
 typedef struct dense_glu {
     int dtype;          /* compute dtype: f32 or f64 on the CPU, f32 or bf16 on CUDA */

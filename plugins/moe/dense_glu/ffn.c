@@ -4,7 +4,8 @@
  *   g = x Wg^T       [N, H]   saved (training)
  *   u = x Wu^T       [N, H]   saved (training)
  *   a = glu(g, u)    [N, H]   saved (training): on the CPU the SiTU transcendentals cost
- *                             several GEMMs' time, so the backward does not recompute it
+ *                             several GEMMs' time, so the backward does not recompute it;
+ *                             read back only by dWd += dy^T a, so it may be stored in fp8
  *   y = a Wd^T       [N, d]
  *
  * Every product is a k3rt_linear_fwd/bwd call and the GLU is the core op shared with
@@ -19,8 +20,7 @@ int dense_glu_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 {
     const dense_glu *f = self;
     int64_t N = a->batch * a->seq, d = f->d, H = f->hidden;
-    int64_t hb = dense_glu_hidden_bytes(f, a->batch, a->seq);
-    char *g = a->saved[0], *u = g + hb, *act = g + 2 * hb;
+    char *g = a->saved[GLU_SAVED_G], *u = a->saved[GLU_SAVED_U], *act = a->saved[GLU_SAVED_A];
     k3rt_stream *s = a->stream;
     int dt = f->dtype;
     K3RT_TRY(k3rt_linear_fwd(s, dt, a->x.data, a->params[GLU_GATE].data, NULL, g, N, d, H, err));
@@ -36,7 +36,8 @@ int dense_glu_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
     const dense_glu *f = self;
     int64_t N = a->batch * a->seq, d = f->d, H = f->hidden;
     int64_t hb = dense_glu_hidden_bytes(f, a->batch, a->seq);
-    const char *g = a->saved[0], *u = g + hb, *act = g + 2 * hb;
+    const char *g = a->saved[GLU_SAVED_G], *u = a->saved[GLU_SAVED_U];
+    const char *act = a->saved[GLU_SAVED_A];
     char *da = a->workspace, *dg = da + hb, *du = da + 2 * hb;
     const void *wg = a->params[GLU_GATE].data, *wu = a->params[GLU_UP].data;
     const void *wd = a->params[GLU_DOWN].data;

@@ -105,6 +105,27 @@ static int glu_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
     return K3RT_OK;
 }
 
+/* The saved parts g, u (read by the GLU's backward) and a (read only by dWd's product). */
+static int glu_saved(void *self, int64_t batch, int64_t seq, k3rt_saved_sink *sink,
+                     k3rt_error *err)
+{
+    const dense_glu *f = self;
+    static const char *const names[GLU_SAVED_N] = {"g", "u", "act"};
+    double proj = 2.0 * (double)(batch * seq) * (double)f->d * (double)f->hidden;
+    for (int i = 0; i < GLU_SAVED_N; i++) {
+        k3rt_saved_decl d;
+        memset(&d, 0, sizeof d);
+        d.struct_size = sizeof d;
+        d.name = names[i];
+        d.bytes = dense_glu_hidden_bytes(f, batch, seq);
+        d.dtype = f->dtype;
+        d.flags = K3RT_SAVED_RECOMPUTE | (i == GLU_SAVED_A ? K3RT_SAVED_GEMM_ONLY : 0);
+        d.recompute_flops = 2 * proj;
+        K3RT_TRY(k3rt_saved_sink_add(sink, &d, err));
+    }
+    return K3RT_OK;
+}
+
 static int glu_experts(void *self, int32_t *n_experts, int32_t *top_k)
 {
     (void)self;
@@ -120,6 +141,7 @@ static const k3rt_instance_vtable instance = {
     .declare_params = glu_declare,
     .flops = glu_flops,
     .memory = glu_memory,
+    .saved = glu_saved,
 };
 
 static const k3rt_moe_vtable moe = {

@@ -46,6 +46,15 @@ typedef struct latent_moe {
     int64_t *host_offsets; /* [E + 1] CUDA: the expert offsets, when a call reads them (cuda.c) */
 } latent_moe;
 
+/* The saved parts, in declaration order: routing (scores, selection, gate weights, counts),
+ * latent_in (c), expert_gu (g, u), expert_act (glu(g, u)), expert_out (ye), latent_out (U and
+ * its norm), shared_gu (sg, su), shared_act (sa). */
+enum {
+    LMOE_SAVED_ROUTING, LMOE_SAVED_LATENT_IN, LMOE_SAVED_EXPERT_GU, LMOE_SAVED_EXPERT_ACT,
+    LMOE_SAVED_EXPERT_OUT, LMOE_SAVED_LATENT_OUT, LMOE_SAVED_SHARED_GU, LMOE_SAVED_SHARED_ACT,
+    LMOE_SAVED_N
+};
+
 /* Byte offsets into the saved buffer (forward -> backward) and the workspace. N = B*T tokens,
  * R = N*k routed rows in expert-grouped order. `real` is the compute dtype. */
 typedef struct lmoe_layout {
@@ -66,6 +75,8 @@ typedef struct lmoe_layout {
     int64_t nrm;        /* real [N, l]   RMSNorm(U)                       (latent_norm) */
     int64_t sg, su, sa; /* real [N, Hs]  shared experts' gate/up and glu   (shared) */
     int64_t saved;
+    /* the saved run as parts (plugin.c lmoe_saved): where each ends, cumulative bytes */
+    int64_t part_end[LMOE_SAVED_N];
     /* forward scratch */
     int64_t f_xe;       /* real [R, l]   c gathered into grouped order */
     int64_t fwd;

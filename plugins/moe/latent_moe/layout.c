@@ -24,17 +24,25 @@ void lmoe_layout_make(const latent_moe *f, int64_t N, lmoe_layout *L)
     L->counts = take(&at, E * 8);
     L->offsets = take(&at, (E + 1) * 8);
     L->bias = take(&at, E * 4);
+    L->part_end[LMOE_SAVED_ROUTING] = at;
     L->c = take(&at, N * f->l * es);
+    L->part_end[LMOE_SAVED_LATENT_IN] = at;
     L->g = take(&at, R * f->m * es);
     L->u = take(&at, R * f->m * es);
+    L->part_end[LMOE_SAVED_EXPERT_GU] = at;
     L->a = take(&at, R * f->m * es);
+    L->part_end[LMOE_SAVED_EXPERT_ACT] = at;
     L->ye = take(&at, R * f->l * es);
+    L->part_end[LMOE_SAVED_EXPERT_OUT] = at;
     L->U = take(&at, N * f->l * es);
     L->rstd = take(&at, f->latent_norm ? N * es : 0);
     L->nrm = take(&at, nb);
+    L->part_end[LMOE_SAVED_LATENT_OUT] = at;
     L->sg = take(&at, sh);
     L->su = take(&at, sh);
+    L->part_end[LMOE_SAVED_SHARED_GU] = at;
     L->sa = take(&at, sh);
+    L->part_end[LMOE_SAVED_SHARED_ACT] = at;
     L->saved = at;
 
     at = 0;

@@ -19,6 +19,9 @@
  * RMSNorm and sigmoid, so this file is dtype-agnostic; the token loops are lmoe_kernels. */
 #include "latent_moe.h"
 
+/* A saved tensor by its layout offset, in whichever part holds it (lmoe_layout.part_end). */
+#define SV(off) k3rt_saved_at(a->saved, L.part_end, LMOE_SAVED_N, (off), 1)
+
 #include <stdint.h>
 #include <string.h>
 
@@ -181,16 +184,16 @@ int lmoe_cpu_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
                          (long long)k);
     lmoe_layout L;
     lmoe_layout_make(f, N, &L);
-    char *sv = a->saved[0], *ws = a->workspace;
-    float *bias = (float *)(sv + L.bias);
+    char *ws = a->workspace;
+    float *bias = (float *)(SV(L.bias));
     take_bias(f, &a->bias, bias);
     k3rt_stream *st = a->stream;
     int dt = f->dtype;
     const lmoe_kernels *K = kernels(f);
-    void *s = sv + L.s, *p = sv + L.p, *c = sv + L.c, *g = sv + L.g, *u = sv + L.u;
-    void *act = sv + L.a, *ye = sv + L.ye, *U = sv + L.U, *xe = ws + L.f_xe;
-    int32_t *sel = (int32_t *)(sv + L.sel), *pos = (int32_t *)(sv + L.pos);
-    int64_t *counts = (int64_t *)(sv + L.counts), *offsets = (int64_t *)(sv + L.offsets);
+    void *s = SV(L.s), *p = SV(L.p), *c = SV(L.c), *g = SV(L.g), *u = SV(L.u);
+    void *act = SV(L.a), *ye = SV(L.ye), *U = SV(L.U), *xe = ws + L.f_xe;
+    int32_t *sel = (int32_t *)(SV(L.sel)), *pos = (int32_t *)(SV(L.pos));
+    int64_t *counts = (int64_t *)(SV(L.counts)), *offsets = (int64_t *)(SV(L.offsets));
 
     /* route */
     K3RT_TRY(k3rt_linear_fwd(st, dt, a->x.data, P(LMOE_ROUTER), NULL, s, N, d, E, err));
@@ -206,12 +209,12 @@ int lmoe_cpu_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
     K3RT_TRY(k3rt_glu_fwd(st, dt, f->glu, g, u, act, R * m, f->beta1, f->beta2, err));
     K3RT_TRY(k3rt_grouped_linear_fwd(st, dt, act, P(LMOE_EX_DOWN), ye, offsets, E, m, l, err));
     K->combine(st, ye, pos, p, N, k, l, U);
-    K3RT_TRY(lmoe_out_forward(f, st, a, U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su, sv + L.sa,
+    K3RT_TRY(lmoe_out_forward(f, st, a, U, SV(L.nrm), SV(L.rstd), SV(L.sg), SV(L.su), SV(L.sa),
                             err));
 
     if (a->routing) {
         k3rt_routing *r = a->routing;
-        void *s32 = sv + L.s32;
+        void *s32 = SV(L.s32);
         if (dt != K3RT_F32)
             K3RT_TRY(k3rt_cast(st, s, dt, s32, K3RT_F32, N * E, err));
         r->scores = k3rt_tensor_view(s32, K3RT_F32, K3RT_DEVICE_CPU, 2, N, E, 0, 0);
@@ -238,31 +241,30 @@ int lmoe_cpu_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
     lmoe_layout L;
     lmoe_layout_make(f, N, &L);
     const float *d_scores = a->d_scores.ndim ? a->d_scores.data : NULL;
-    const char *sv = a->saved[0];
     char *ws = a->workspace;
     k3rt_stream *st = a->stream;
     int dt = f->dtype;
     const lmoe_kernels *K = kernels(f);
-    const int32_t *sel = (const int32_t *)(sv + L.sel), *pos = (const int32_t *)(sv + L.pos);
-    const int64_t *offsets = (const int64_t *)(sv + L.offsets);
+    const int32_t *sel = (const int32_t *)(SV(L.sel)), *pos = (const int32_t *)(SV(L.pos));
+    const int64_t *offsets = (const int64_t *)(SV(L.offsets));
     const void *x = a->x.data;
     void *dx = a->dx.data;
 
     void *dU = ws + L.b_dU;
-    K3RT_TRY(lmoe_out_backward(f, st, a, sv + L.U, sv + L.nrm, sv + L.rstd, sv + L.sg, sv + L.su,
-                             sv + L.sa, ws + L.b_dsa, ws + L.b_dsg, ws + L.b_dsu, ws + L.b_dn, dU,
+    K3RT_TRY(lmoe_out_backward(f, st, a, SV(L.U), SV(L.nrm), SV(L.rstd), SV(L.sg), SV(L.su),
+                             SV(L.sa), ws + L.b_dsa, ws + L.b_dsg, ws + L.b_dsu, ws + L.b_dn, dU,
                              err));
     int acc = f->Hs > 0;
 
     /* combine, experts, dispatch */
     void *dp = ws + L.b_dp, *dye = ws + L.b_dye, *da = ws + L.b_da, *dg = ws + L.b_dg;
     void *du = ws + L.b_du, *xe = ws + L.b_xe, *dc = ws + L.b_dc, *dz = ws + L.b_dz;
-    K->combine_bwd(st, dU, sv + L.ye, pos, sv + L.p, N, k, l, dp, dye);
-    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, sv + L.a, P(LMOE_EX_DOWN), dye, da, G(LMOE_EX_DOWN),
+    K->combine_bwd(st, dU, SV(L.ye), pos, SV(L.p), N, k, l, dp, dye);
+    K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, SV(L.a), P(LMOE_EX_DOWN), dye, da, G(LMOE_EX_DOWN),
                                      offsets, E, m, l, 0, err));
-    K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.g, sv + L.u, da, dg, du, R * m, f->beta1,
+    K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, SV(L.g), SV(L.u), da, dg, du, R * m, f->beta1,
                           f->beta2, err));
-    K->gather(st, sv + L.c, pos, N, k, l, xe);
+    K->gather(st, SV(L.c), pos, N, k, l, xe);
     void *dxe = dye;  /* dye is spent */
     K3RT_TRY(k3rt_grouped_linear_bwd(st, dt, xe, P(LMOE_EX_GATE), dg, dxe, G(LMOE_EX_GATE), offsets,
                                      E, l, m, 0, err));
@@ -273,7 +275,7 @@ int lmoe_cpu_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
                              err));
 
     /* router */
-    K->router_bwd(st, sv + L.s, sel, dp, d_scores, N, E, k, f->renormalize, f->rscale, dz);
+    K->router_bwd(st, SV(L.s), sel, dp, d_scores, N, E, k, f->renormalize, f->rscale, dz);
     return k3rt_linear_bwd(st, dt, x, P(LMOE_ROUTER), dz, dx, G(LMOE_ROUTER), NULL, N, d, E, 1,
                            err);
 }

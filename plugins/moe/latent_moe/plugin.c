@@ -232,6 +232,45 @@ static int lmoe_memory(void *self, int64_t batch, int64_t seq, k3rt_memory *out)
     return K3RT_OK;
 }
 
+/* The saved parts (latent_moe.h): on the CPU the layout's run in eight parts, the inputs of
+ * matrix products alone (c, glu(g, u), the shared glu) marked GEMM-only; on the GPU one part. */
+static int lmoe_saved(void *self, int64_t batch, int64_t seq, k3rt_saved_sink *sink,
+                      k3rt_error *err)
+{
+    const latent_moe *f = self;
+    static const char *const names[LMOE_SAVED_N] = {
+        "routing", "latent_in", "expert_gu", "expert_act", "expert_out", "latent_out",
+        "shared_gu", "shared_act"};
+    k3rt_saved_decl d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    k3rt_flops fl;
+    lmoe_flops(self, batch, seq, &fl);
+    d.recompute_flops = fl.forward;
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (f->device != K3RT_DEVICE_CPU) {
+        k3rt_memory mem;
+        lmoe_gpu_memory(self, batch * seq, &mem);
+        d.name = "saved";
+        d.bytes = mem.saved_bytes;
+        d.dtype = K3RT_DTYPE_INVALID;
+        return k3rt_saved_sink_add(sink, &d, err);
+    }
+#endif
+    lmoe_layout L;
+    lmoe_layout_make(f, batch * seq, &L);
+    for (int i = 0; i < LMOE_SAVED_N; i++) {
+        int gemm = i == LMOE_SAVED_LATENT_IN || i == LMOE_SAVED_EXPERT_ACT ||
+                   i == LMOE_SAVED_SHARED_ACT;
+        d.name = names[i];
+        d.bytes = L.part_end[i] - (i ? L.part_end[i - 1] : 0);
+        d.dtype = i == LMOE_SAVED_ROUTING ? K3RT_DTYPE_INVALID : f->dtype;
+        d.flags = K3RT_SAVED_RECOMPUTE | (gemm ? K3RT_SAVED_GEMM_ONLY : 0);
+        K3RT_TRY(k3rt_saved_sink_add(sink, &d, err));
+    }
+    return K3RT_OK;
+}
+
 static int lmoe_experts(void *self, int32_t *n_experts, int32_t *top_k)
 {
     const latent_moe *f = self;
@@ -247,6 +286,7 @@ static const k3rt_instance_vtable instance = {
     .declare_params = lmoe_declare,
     .flops = lmoe_flops,
     .memory = lmoe_memory,
+    .saved = lmoe_saved,
 };
 
 /* The device decides the path: moe.c on the CPU, cuda.c on the GPU (both over moe.c's shared

@@ -172,6 +172,19 @@ typedef struct k3rt_saved_decl {
 K3RT_API int k3rt_saved_sink_add(k3rt_saved_sink *sink, const k3rt_saved_decl *decl,
                                  k3rt_error *err);
 
+/* For a plugin that lays its saved tensors out as one run of offsets and declares that run as
+ * consecutive parts: ends[i] is where part i ends in the run (cumulative, in the run's units of
+ * `unit` bytes), and the address of run offset `off` is inside the part holding it. A
+ * zero-sized tensor at a part's end maps to the next part's start (never dereferenced). */
+static inline void *k3rt_saved_at(void *const *saved, const int64_t *ends, int n_parts,
+                                  int64_t off, size_t unit)
+{
+    int p = 0;
+    while (p < n_parts - 1 && off >= ends[p])
+        p++;
+    return (char *)saved[p] + (size_t)(off - (p ? ends[p - 1] : 0)) * unit;
+}
+
 /* ---- Arguments shared by all kinds -------------------------------------------------------------- */
 
 typedef struct k3rt_param_ref {
