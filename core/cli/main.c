@@ -37,6 +37,7 @@ static void usage(FILE *to)
             "  check-plugin PATH     conformance checks of one plugin (any kind)\n"
             "  plan RECIPE.lua       parameters, FLOPs and memory per GPU of a recipe on N GPUs\n"
             "  ablate SUITE.lua      train a base recipe and its variants, compare loss vs FLOPs\n"
+            "  plot RUN_DIR...       loss vs tokens and FLOPs, MaxVio per MoE layer, of runs (SVG)\n"
             "\n"
             "Run 'k3rt <command> --help' for a command's options.\n");
 }

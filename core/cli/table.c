@@ -12,6 +12,7 @@ static const cli_command g_commands[] = {
     {"check-plugin", cmd_check_plugin},
     {"plan", cmd_plan},
     {"ablate", cmd_ablate},
+    {"plot", cmd_plot},
     {0, 0},
 };
 
