@@ -24,7 +24,9 @@ int cmd_eval(int argc, char **argv)
             printf("usage: k3rt eval CHECKPOINT [--windows N] [--plugin-path DIRS] "
                    "[--plugin PATH]...\n"
                    "CHECKPOINT is a checkpoint directory or a run's checkpoints directory "
-                   "(the newest complete one is used).\n" CLI_PLUGIN_USAGE);
+                   "(the newest complete one is used), or a recipe (.lua) whose\n"
+                   "train.init_weights names the weights (k3rt import writes one).\n"
+                   CLI_PLUGIN_USAGE);
             return 0;
         } else if (!strcmp(argv[i], "--windows") && i + 1 < argc) {
             windows = atoll(argv[++i]);
@@ -45,7 +47,10 @@ int cmd_eval(int argc, char **argv)
     k3rt_error err = {0};
     ckpt_model c;
     token_stream train = {0}, val = {0};
-    int rc = ckpt_model_open(&c, path, &plugins, 0, &err);
+    size_t len = strlen(path);
+    int rc = len > 4 && !strcmp(path + len - 4, ".lua")
+                 ? ckpt_model_from_recipe(&c, path, &plugins, 0, &err)
+                 : ckpt_model_open(&c, path, &plugins, 0, &err);
     const json_t *data = rc ? NULL : json_object_get(c.doc, "data");
     const json_t *plan = rc ? NULL : json_object_get(c.doc, "plan");
     if (!rc) {

@@ -13,6 +13,8 @@ static const cli_command g_commands[] = {
     {"plan", cmd_plan},
     {"ablate", cmd_ablate},
     {"plot", cmd_plot},
+    {"export", cmd_export},
+    {"import", cmd_import},
     {0, 0},
 };
 

@@ -59,6 +59,9 @@ static const k3rt_option TRAIN_OPTS[] = {
     {"keep_checkpoints", K3RT_OPT_INT, 0, "2", 0, 1e6, NULL, "newest kept (0 = all)"},
     {"max_bad_steps", K3RT_OPT_INT, 0, "5", 0, 1e6, NULL,
      "consecutive non-finite steps skipped before failing"},
+    {"init_weights", K3RT_OPT_STRING, K3RT_OPT_NULLABLE, "null", K3RT_RANGE_ANY, NULL,
+     "safetensors file of k3rt-named parameters loaded over the initialisation of a fresh run "
+     "(fine-tuning; written by k3rt import); relative to the working directory"},
 };
 static const char *const TRAIN_LISTS[] = {"changes"};
 

@@ -88,6 +88,8 @@ json_t *manifest_plugins(const model *m, const rig *opt);
 /* Loads a checkpoint's weights / its plugin states (opt may be NULL: the optimizer's state is
  * then not read) into a built model. */
 int ckpt_load_weights(model *m, const char *path, k3rt_error *err);
+/* train.init_weights of the recipe document, when it names a file, over the model's parameters. */
+int load_init_weights(model *m, const json_t *doc, k3rt_error *err);
 int ckpt_load_states(model *m, rig *opt, const char *path, k3rt_error *err);
 
 /* train_eval.c: the windows of split s taken by `rank` of `ranks`; acc = {loss sum, count} */

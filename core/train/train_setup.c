@@ -259,6 +259,18 @@ static int build_optimizer(rank_ctx *c, k3rt_error *err)
     return rig_create(&c->opt, e, json_object_get(spec, "config"), &a, "optimizer", err);
 }
 
+int load_init_weights(model *m, const json_t *doc, k3rt_error *err)
+{
+    const char *path = json_string_value(json_object_get(json_object_get(doc, "train"),
+                                                         "init_weights"));
+    if (!path)
+        return K3RT_OK;
+    int rc = ckpt_load_weights(m, path, err);
+    if (rc)
+        k3rt_error_prefix(err, "train.init_weights: ");
+    return rc;
+}
+
 int rank_build(rank_ctx *c, k3rt_error *err)
 {
     run *r = c->r;
@@ -280,6 +292,8 @@ int rank_build(rank_ctx *c, k3rt_error *err)
     K3RT_TRY(build_optimizer(c, err));
     if (r->opt.resume && r->resume_dir[0])
         K3RT_TRY(ckpt_load_run(c, err));
+    else
+        K3RT_TRY(load_init_weights(&c->m, r->doc, err));
     return K3RT_OK;
 }
 
