@@ -55,10 +55,14 @@ const json_t *hf_layer_spec(const json_t *model, int layer, const char *slot)
 {
     if (layer < 0 || layer >= json_integer_value(json_object_get(model, "layers")))
         return NULL;
+    if (!strcmp(slot, "residual"))
+        return json_object_get(model, "residual");
     if (!strcmp(slot, "ffn"))
         return json_object_get(model, layer < json_integer_value(json_object_get(
                                                   model, "dense_layers"))
                                           ? "dense_ffn" : "ffn");
+    if (strcmp(slot, "mixer"))
+        return NULL;
     const char *pattern = json_string_value(json_object_get(model, "pattern"));
     char letter[2] = {pattern && (int)strlen(pattern) > layer ? pattern[layer] : 0, 0};
     return json_object_get(json_object_get(model, "mixers"), letter);

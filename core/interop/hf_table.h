@@ -33,8 +33,8 @@ void hf_table_close(hf_table *t);
 /* The table's entry of a plugin; NULL when it has none. */
 const json_t *hf_table_plugin(const hf_table *t, const char *plugin);
 
-/* A model document's module at layer i and slot ("mixer", "ffn"): its spec
- * {"plugin", "config"}, NULL when out of range. */
+/* A model document's module at layer i and slot ("mixer", "ffn", "residual": the model's
+ * one residual): its spec {"plugin", "config"}, NULL when out of range or another slot. */
 const json_t *hf_layer_spec(const json_t *model, int layer, const char *slot);
 
 /* `template` with every "{i}" replaced by i and "{j}" by j, into buf. */
