@@ -24,6 +24,7 @@ void token_stream_free(token_stream *s)
     if (!s)
         return;
     free(s->tokens);
+    free(s->doc_starts);
     memset(s, 0, sizeof *s);
 }
 
@@ -182,6 +183,8 @@ int data_load_shard(const char *path, token_stream *out, k3rt_error *err)
     if (!rc)
         rc = read_tokens(f, path, width, out, err);
     fclose(f);
+    if (!rc)
+        rc = data_load_docs(path, out, err);
     if (rc)
         token_stream_free(out);
     return rc;
