@@ -69,7 +69,7 @@ int cmd_eval(int argc, char **argv)
     if (!rc)
         rc = eval_windows(&c.m, &val, json_integer_value(json_object_get(plan, "micro_batch")),
                           json_integer_value(json_object_get(plan, "seq_len")), 0, 1, windows,
-                          acc, &err);
+                          json_is_true(json_object_get(data, "packed_documents")), acc, &err);
     if (!rc)
         printf("%s: validation loss %.4f nats/token over %.0f tokens\n", c.dir,
                acc[0] / acc[1], acc[1]);

@@ -52,6 +52,14 @@ void token_stream_free(token_stream *s);
  * uniform over [0, n - T), so the stream needs at least T + 2 tokens. */
 int data_batch(const token_stream *s, uint64_t seed, int64_t index, int64_t B, int64_t T,
                int32_t *inputs, int32_t *targets, k3rt_error *err);
+/* The first token of training row `row`'s window (s->n >= T + 2). */
+int64_t data_window_start(const token_stream *s, uint64_t seed, int64_t row, int64_t T);
+/* Packed documents of B windows of T tokens starting at starts[b] (-1: a padding row, one
+ * document), as plugin.h's doc_offsets over the B * T tokens: every row start, and every
+ * document start of s->doc_starts inside a window. offsets holds B * T + 1; returns the
+ * document count (data_docs.c). */
+int64_t data_window_docs(const token_stream *s, const int64_t *starts, int64_t B, int64_t T,
+                         int32_t *offsets);
 /* Validation windows cover every target of the split exactly once: window w has inputs
  * s[w*T .. w*T+T) and targets s[w*T+1 .. w*T+T+1). The last window may be short: its missing
  * positions get input 0 and target -1 (ignored by the loss). */

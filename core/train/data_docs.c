@@ -124,3 +124,28 @@ int data_write_docs(const char *shard_path, const int64_t *starts, int64_t n_doc
     free(buf);
     return rc;
 }
+
+int64_t data_window_docs(const token_stream *s, const int64_t *starts, int64_t B, int64_t T,
+                         int32_t *offsets)
+{
+    int64_t n = 0;
+    for (int64_t b = 0; b < B; b++) {
+        offsets[n++] = (int32_t)(b * T);
+        int64_t start = starts[b];
+        if (start < 0 || !s->doc_starts)
+            continue;
+        /* the first document start after the window's first token */
+        int64_t lo = 0, hi = s->n_docs;
+        while (lo < hi) {
+            int64_t mid = (lo + hi) / 2;
+            if (s->doc_starts[mid] <= start)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (int64_t j = lo; j < s->n_docs && s->doc_starts[j] < start + T; j++)
+            offsets[n++] = (int32_t)(b * T + s->doc_starts[j] - start);
+    }
+    offsets[n] = (int32_t)(B * T);
+    return n;
+}

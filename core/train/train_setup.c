@@ -130,6 +130,15 @@ static int load_data(run *r, k3rt_error *err)
     }
     const char *val = tok && !strcmp(tok, "shards") ? get_str(data, "val") : get_str(data, "path");
     K3RT_TRY(data_check_val(&r->val, val, err));
+    r->packed = json_is_true(json_object_get(data, "packed_documents"));
+    if (r->packed && (!tok || strcmp(tok, "shards")))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "data.packed_documents: needs tokenizer = "
+                         "\"shards\" with .docs boundaries (scripts/data/prepare.py)");
+    if (r->packed && (!r->train.n_docs || !r->val.n_docs)) {
+        const char *bare = r->train.n_docs ? val : get_str(data, "train");
+        return k3rt_fail(err, K3RT_ERR_INVALID, "data.packed_documents: %s has no document "
+                         "boundaries (%s.docs, written by scripts/data/prepare.py)", bare, bare);
+    }
     int64_t vocab = get_int(json_object_get(r->doc, "model"), "vocab");
     int32_t top = r->train.max_token > r->val.max_token ? r->train.max_token : r->val.max_token;
     if (top >= vocab)

@@ -2,8 +2,9 @@
  * level BPE of 512 tokens): Shakespeare split at blank lines and a JSON-lines file become
  * train.bin / val.bin with their .docs boundaries; k3rt's reader accepts both, their token and
  * document counts equal the manifest's, every document ends with <|endoftext|> (id 0) and has
- * no other; a model trains on them; a .docs file of another shard, or truncated, is refused by
- * name. Skips (77) when the `tokenizers` package is not importable (scripts/setup.sh installs
+ * no other; the main job's model trains on them with data.packed_documents (the losses differ
+ * from the same batches without boundaries); a .docs file of another shard, or truncated, is
+ * refused by name. Skips (77) when the `tokenizers` package is not importable (scripts/setup.sh installs
  * it into .deps/python). */
 #include <jansson.h>
 #include <stdlib.h>
@@ -92,13 +93,32 @@ START_TEST(test_prepare)
     ck_assert_int_eq(val.n_docs, (src_docs + 5) / 10);
     json_decref(m);
 
-    /* a model trains on them */
-    snprintf(cmd, sizeof cmd, "cd %s && %s train scripts/recipes/tiny_dense.lua --out %s/run "
-             "--quiet --set model.vocab=512 --set 'data={tokenizer=\"shards\", "
-             "train=\"%s/train.bin\", val=\"%s/val.bin\"}' --set train.steps=2 "
-             "--set train.eval_batches=1 --set plan.micro_batch=2 --set plan.seq_len=32",
-             tu_source_dir(), tu_k3rt_bin(), dir, shards, shards);
-    ck_assert_msg(tu_run(cmd, &out) == 0, "%s\n%s", cmd, out);
+    /* the main job's model trains on them, with and without the boundaries: the same
+     * batches, other losses (documents average ~80 tokens, so 4 windows of 64 cross some) */
+    double loss[2][4];
+    for (int packed = 0; packed < 2; packed++) {
+        snprintf(cmd, sizeof cmd, "cd %s && %s train scripts/recipes/tiny.lua --out %s/run%d "
+                 "--quiet --set model.vocab=512 --set 'data={tokenizer=\"shards\", "
+                 "train=\"%s/train.bin\", val=\"%s/val.bin\", packed_documents=%s}' "
+                 "--set 'model.mixers.K=k3.kda{heads=4, head_dim=32, max_documents=64}' "
+                 "--set train.steps=2 --set train.log_interval=1 --set train.eval_batches=1 "
+                 "--set plan.micro_batch=4 --set plan.seq_len=64", tu_source_dir(),
+                 tu_k3rt_bin(), dir, packed, shards, shards, packed ? "true" : "false");
+        ck_assert_msg(tu_run(cmd, &out) == 0, "%s\n%s", cmd, out);
+        free(out);
+        snprintf(path, sizeof path, "%s/run%d", dir, packed);
+        ck_assert_int_eq(tu_metrics_losses(path, loss[packed], 4), 2);
+    }
+    for (int st = 1; st <= 2; st++) {
+        ck_assert(loss[0][st] > 4 && loss[0][st] < 7 && loss[1][st] > 4 && loss[1][st] < 7);
+        ck_assert_msg(loss[0][st] != loss[1][st], "step %d: packed_documents changed nothing "
+                      "(%.17g)", st, loss[0][st]);
+    }
+    /* boundaries are for shards */
+    snprintf(cmd, sizeof cmd, "cd %s && %s train scripts/recipes/tiny.lua --out %s/run2 "
+             "--dry-run --set data.packed_documents=true", tu_source_dir(), tu_k3rt_bin(), dir);
+    ck_assert_int_eq(tu_run(cmd, &out), 1);
+    ck_assert_msg(strstr(out, "data.packed_documents: needs tokenizer = \"shards\""), "%s", out);
     free(out);
 
     /* boundaries of another shard, then a truncated file */
