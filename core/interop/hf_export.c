@@ -175,8 +175,11 @@ static int export_tensor(ex_ctx *c, const st_entry *e, k3rt_error *err)
     }
     char prefix[64];
     snprintf(prefix, sizeof prefix, "%.*s", at, e->name);
-    return apply_rule(c, e, prefix, rule, json_string_value(json_object_get(entry, "prefix")),
-                      json_object_get(spec, "config"), i, err);
+    const char *hub_prefix = json_string_value(json_object_get(entry, "prefix"));
+    if (!hub_prefix)
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: plugin %s has no \"prefix\" string",
+                         c->t.path, plugin);
+    return apply_rule(c, e, prefix, rule, hub_prefix, json_object_get(spec, "config"), i, err);
 }
 
 static int write_config(ex_ctx *c, k3rt_error *err)

@@ -70,15 +70,15 @@ static const k3rt_option DATA_OPTS[] = {
      "bytes of a text file, or pre-tokenized shards"},
     {"path", K3RT_OPT_STRING, K3RT_OPT_NULLABLE, "null", K3RT_RANGE_ANY, NULL,
      "text file (bytes)"},
-    {"packed_documents", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,
-     "shards: train and evaluate with the shards' .docs boundaries, so token mixers restart "
-     "at each document (KDA: set max_documents to the most documents of a micro-batch)"},
     {"val_fraction", K3RT_OPT_FLOAT, 0, "0.1", 0, 0.9, NULL,
      "tail of the text held out (bytes)"},
     {"train", K3RT_OPT_STRING, K3RT_OPT_NULLABLE, "null", K3RT_RANGE_ANY, NULL,
      "training shard (shards)"},
     {"val", K3RT_OPT_STRING, K3RT_OPT_NULLABLE, "null", K3RT_RANGE_ANY, NULL,
      "validation shard (shards)"},
+    {"packed_documents", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,
+     "shards: train and evaluate with the shards' .docs boundaries, so token mixers restart "
+     "at each document (KDA: set max_documents to the most documents of a micro-batch)"},
 };
 
 static const k3rt_option SAMPLE_OPTS[] = {
