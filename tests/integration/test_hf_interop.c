@@ -3,7 +3,8 @@
  * and imported back. The folder parses in Python (config.json, the index, every shard); the
  * imported tensors equal the checkpoint's bit for bit, by k3rt's own model document and
  * from the Kimi-Linear fields alone; `k3rt eval` of the imported recipe equals the
- * checkpoint's; a bf16 export comes back as the bf16 rounding of every weight; a tensor
+ * checkpoint's, and `k3rt train` of it starts from them (train.init_weights); a bf16 export
+ * comes back as the bf16 rounding of every weight; a tensor
  * without a Hub name (Block AttnRes) and a Hub tensor without a k3rt name are refused by
  * name. */
 #include <jansson.h>
@@ -142,6 +143,15 @@ START_TEST(test_round_trip)
     eval_loss(path, loss1, sizeof loss1);
     ck_assert_str_eq(loss0, loss1);
     ck_assert(atof(loss0) > 3 && atof(loss0) < 5.6);
+    /* fine-tuning starts from them: one step at lr 1e-12 keeps them (a fresh init would not) */
+    snprintf(args, sizeof args, "train %s --out %s/ft --quiet --set train.steps=1 "
+             "--set optimizer.lr=1e-12 --set train.checkpoint_interval=1 "
+             "--set train.eval_interval=0 --set train.eval_batches=1", path, dir);
+    free(k3rt(args, 0));
+    snprintf(path, sizeof path, "%s/ft/checkpoints/step_00000001/model.safetensors", dir);
+    double moved = tu_safetensors_max_rel_diff(weights, path);
+    ck_assert_msg(moved < 1e-6, "one step at lr 1e-12 moved a weight by %g (relative rms)",
+                  moved);
 
     /* back, from the Kimi-Linear fields alone */
     snprintf(path, sizeof path, "%s/hf/config.json", dir);
