@@ -16,8 +16,11 @@ cutlass_version=4.2.0.0
 nvcc_found=0
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   nvcc_found=1
-  python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
 fi
+# scripts/data/prepare.py's Hugging Face tokenizers (pinned), also into .deps/ with pip: its
+# test (integration/test_prepare) reads tests/fixtures/tokenizer.json and downloads nothing.
+tokenizers_version=0.23.3
+python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
 build=1
 for a in "$@"; do
   case "$a" in
@@ -49,6 +52,12 @@ if [ "$nvcc_found" -eq 1 ]; then
       "nvidia-cutlass==$cutlass_version"
   fi
   cutlass_args="-DK3RT_CUTLASS_DIR=$PWD/$cutlass_dir/cutlass_library/source"
+fi
+if ! PYTHONPATH=.deps/python python3 -c "import tokenizers" >/dev/null 2>&1; then
+  echo "installing tokenizers==$tokenizers_version into .deps/python"
+  python3 -m pip install -q --no-deps --no-compile --target .deps/python \
+    "tokenizers==$tokenizers_version" ||
+    echo "setup.sh: tokenizers did not install; integration/test_prepare will skip" >&2
 fi
 [ "$build" -eq 1 ] || exit 0
 

@@ -7,95 +7,69 @@
 
 #include "ablate/ablate_internal.h"
 #include "ablate/efficiency.h"
+#include "metrics/run_metrics.h"
 #include "plan/plan.h"
 #include "plot/chart.h"
 #include "util/fs.h"
 #include "util/log.h"
 
-static int append_point(variant_run *r, double x, double y, int *cap)
+/* What the table shows of a run, from its records: the validation curve, the last record's
+ * counts, throughput over training-only intervals (so evaluations do not count against a
+ * variant) and MaxVio averaged over the records of the last tenth of the run. */
+static int summarise(variant_run *r, const run_metrics *m, k3rt_error *err)
 {
-    if (r->n_curve == *cap) {
-        int n = *cap ? 2 * *cap : 64;
-        double *px = realloc(r->curve_flops, (size_t)n * sizeof *px);
-        if (!px)
-            return K3RT_ERR_NOMEM;
-        r->curve_flops = px;
-        double *py = realloc(r->curve_loss, (size_t)n * sizeof *py);
-        if (!py)
-            return K3RT_ERR_NOMEM;
-        r->curve_loss = py;
-        *cap = n;
+    r->curve_flops = malloc(((size_t)m->n + 1) * sizeof *r->curve_flops);
+    r->curve_loss = malloc(((size_t)m->n + 1) * sizeof *r->curve_loss);
+    if (!r->curve_flops || !r->curve_loss)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    double prev_tokens = 0, tok = 0, secs = 0, tok_all = 0, secs_all = 0, vio_sum = 0;
+    double vio_last = NAN;
+    int vio_n = 0;
+    for (int i = 0; i < m->n; i++) {
+        r->steps_done = m->step[i];
+        r->tokens = m->tokens[i];
+        r->flops = isfinite(m->flops[i]) ? m->flops[i] : 0;
+        int eval = isfinite(m->val_loss[i]);
+        if (eval) {
+            r->final_loss = m->val_loss[i];
+            r->curve_flops[r->n_curve] = r->flops;
+            r->curve_loss[r->n_curve++] = r->final_loss;
+        }
+        double interval = r->tokens - prev_tokens, rate = m->tokens_per_s[i];
+        prev_tokens = r->tokens;
+        if (rate > 0) {
+            tok_all += interval, secs_all += interval / rate;
+            if (!eval)
+                tok += interval, secs += interval / rate;
+        }
+        if (isfinite(m->maxvio_worst[i])) {
+            vio_last = m->maxvio_worst[i];
+            if ((double)r->steps_done > 0.9 * (double)r->steps)
+                vio_sum += vio_last, vio_n++;
+        }
     }
-    r->curve_flops[r->n_curve] = x;
-    r->curve_loss[r->n_curve++] = y;
+    r->tokens_per_s = secs > 0 ? tok / secs : secs_all > 0 ? tok_all / secs_all : NAN;
+    r->maxvio = vio_n ? vio_sum / vio_n : vio_last;
     return K3RT_OK;
-}
-
-/* Per logged record: throughput (training-only intervals, so evaluations do not count
- * against a variant) and MaxVio (averaged over the records of the last tenth of the run). */
-typedef struct reader {
-    double prev_tokens, tok, secs, tok_all, secs_all;
-    double vio_sum, vio_last;
-    int vio_n, vio_any;
-} reader;
-
-static void read_record(variant_run *r, reader *rd, const json_t *rec, int *cap)
-{
-    const json_t *val = json_object_get(rec, "val_loss");
-    const json_t *vio = json_object_get(rec, "maxvio_worst");
-    r->steps_done = json_integer_value(json_object_get(rec, "step"));
-    r->tokens = json_number_value(json_object_get(rec, "tokens"));
-    r->flops = json_number_value(json_object_get(rec, "flops"));
-    if (json_is_number(val)) {
-        r->final_loss = json_number_value(val);
-        if (append_point(r, r->flops, r->final_loss, cap))
-            r->n_curve = -1; /* out of memory: reported by the caller */
-    }
-    double interval = r->tokens - rd->prev_tokens;
-    double rate = json_number_value(json_object_get(rec, "tokens_per_s"));
-    rd->prev_tokens = r->tokens;
-    if (rate > 0) {
-        rd->tok_all += interval, rd->secs_all += interval / rate;
-        if (!val)
-            rd->tok += interval, rd->secs += interval / rate;
-    }
-    if (json_is_number(vio)) {
-        rd->vio_any = 1;
-        rd->vio_last = json_number_value(vio);
-        if ((double)r->steps_done > 0.9 * (double)r->steps)
-            rd->vio_sum += rd->vio_last, rd->vio_n++;
-    }
 }
 
 static int read_metrics(variant_run *r, k3rt_error *err)
 {
-    char path[2400];
-    fs_join(path, sizeof path, r->dir, "metrics.jsonl");
-    FILE *f = fopen(path, "rb");
     r->final_loss = r->tokens_per_s = r->maxvio = NAN;
-    if (!f) {
+    run_metrics m;
+    k3rt_error e = {0};
+    int rc = run_metrics_read(r->dir, &m, &e);
+    if (rc == K3RT_ERR_NOT_FOUND) {
         r->failed = 1;
-        snprintf(r->failure, sizeof r->failure, "no %s", path);
+        snprintf(r->failure, sizeof r->failure, "no %s/metrics.jsonl", r->dir);
         return K3RT_OK;
     }
-    reader rd = {0};
-    int cap = 0, rc = K3RT_OK;
-    char line[1 << 16];
-    while (!rc && fgets(line, sizeof line, f)) {
-        json_t *rec = json_loads(line, 0, NULL);
-        /* the training-step records (they count tokens); others, such as --profile's
-         * table, describe the run rather than a step */
-        if (json_is_object(rec) && json_is_number(json_object_get(rec, "tokens")))
-            read_record(r, &rd, rec, &cap);
-        json_decref(rec);
-        if (r->n_curve < 0)
-            rc = k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    if (rc) {
+        *err = e;
+        return rc;
     }
-    fclose(f);
-    r->tokens_per_s = rd.secs > 0       ? rd.tok / rd.secs
-                      : rd.secs_all > 0 ? rd.tok_all / rd.secs_all
-                                        : NAN;
-    r->maxvio = rd.vio_n ? rd.vio_sum / rd.vio_n : rd.vio_any ? rd.vio_last : NAN;
+    rc = summarise(r, &m, err);
+    run_metrics_free(&m);
     if (!rc && !r->failed && r->steps_done < r->steps) {
         r->failed = 1;
         snprintf(r->failure, sizeof r->failure, "stopped at step %lld of %lld",
@@ -279,7 +253,7 @@ static int write_charts(const ablate_ctx *c, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < c->n; i++)
         s[i] = (chart_series){c->runs[i].v->name, c->runs[i].curve_flops, c->runs[i].curve_loss,
-                              c->runs[i].n_curve};
+                              c->runs[i].n_curve, 0, 0};
     char title[256], svg[2100], png[2100];
     snprintf(title, sizeof title, "%s: validation loss vs training FLOPs", c->suite.name);
     chart_spec spec = {title, "training FLOPs (forward + backward, the plugins' counts)",

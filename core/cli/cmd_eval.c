@@ -25,7 +25,8 @@ int cmd_eval(int argc, char **argv)
             printf("usage: k3rt eval CHECKPOINT [--windows N] [--grads FILE] [--plugin-path DIRS] "
                    "[--plugin PATH]...\n"
                    "CHECKPOINT is a checkpoint directory or a run's checkpoints directory "
-                   "(the newest complete one is used).\n"
+                   "(the newest complete one is used), or a recipe (.lua) whose\n"
+                   "train.init_weights names the weights (k3rt import writes one).\n"
                    "--grads FILE: instead, one training forward and backward on the micro-batch "
                    "the next step would take first; writes the batch, the loss, every "
                    "parameter's gradient and the expert choices to FILE (safetensors).\n"
@@ -52,7 +53,10 @@ int cmd_eval(int argc, char **argv)
     k3rt_error err = {0};
     ckpt_model c;
     token_stream train = {0}, val = {0};
-    int rc = ckpt_model_open(&c, path, &plugins, 0, &err);
+    size_t len = strlen(path);
+    int rc = len > 4 && !strcmp(path + len - 4, ".lua")
+                 ? ckpt_model_from_recipe(&c, path, &plugins, 0, &err)
+                 : ckpt_model_open(&c, path, &plugins, 0, &err);
     const json_t *data = rc ? NULL : json_object_get(c.doc, "data");
     const json_t *plan = rc ? NULL : json_object_get(c.doc, "plan");
     if (!rc && grads) {
@@ -80,7 +84,7 @@ int cmd_eval(int argc, char **argv)
     if (!rc && !grads)
         rc = eval_windows(&c.m, &val, json_integer_value(json_object_get(plan, "micro_batch")),
                           json_integer_value(json_object_get(plan, "seq_len")), 0, 1, windows,
-                          acc, &err);
+                          json_is_true(json_object_get(data, "packed_documents")), acc, &err);
     if (!rc && !grads)
         printf("%s: validation loss %.4f nats/token over %.0f tokens\n", c.dir,
                acc[0] / acc[1], acc[1]);

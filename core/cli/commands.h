@@ -25,6 +25,9 @@ int cmd_check_plugin(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_ablate(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_import(int argc, char **argv);
 
 /* Shared by the commands: capability bits as "cpu,f64,...", and a --config JSON|@file (NULL
  * gives {}) parsed into a JSON object. */

@@ -38,6 +38,9 @@ static void usage(FILE *to)
             "  plan RECIPE.lua       parameters, FLOPs and memory per GPU of a recipe on N GPUs\n"
             "  ablate SUITE.lua      train a base recipe and its variants, compare loss vs FLOPs\n"
             "  launch -n N RECIPE    train with N ranks as processes of this machine\n"
+            "  plot RUN_DIR...       loss vs tokens and FLOPs, MaxVio per MoE layer, of runs (SVG)\n"
+            "  export CKPT --hf DIR  a checkpoint as a Hugging Face folder (Kimi-Linear layout)\n"
+            "  import DIR --recipe R a Hugging Face folder as k3rt weights and a recipe\n"
             "\n"
             "Run 'k3rt <command> --help' for a command's options.\n");
 }

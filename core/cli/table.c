@@ -13,6 +13,9 @@ static const cli_command g_commands[] = {
     {"plan", cmd_plan},
     {"ablate", cmd_ablate},
     {"launch", cmd_launch},
+    {"plot", cmd_plot},
+    {"export", cmd_export},
+    {"import", cmd_import},
     {0, 0},
 };
 

@@ -107,6 +107,10 @@ typedef struct model {
     int routed_used;
     struct profile *prof;    /* set by the trainer during a profiled step, else NULL
                                 (model/profile.h) */
+    k3rt_tensor docs;        /* packed documents of the next forwards and backwards
+                                (model_set_documents): i32 [n_docs + 1] on the device, ndim 0
+                                when none */
+    void *docs_buf;          /* its storage, B * T + 1 entries, with the activations */
 } model;
 
 #define MODEL_ROUTED_SLOTS 64
@@ -130,6 +134,11 @@ int model_resolve_spec(registry *reg, const json_t *spec, int kind, const char *
 
 /* Sizes the activation arena for micro-batches of B x T (reallocates when it grows). */
 int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err);
+/* Packed sequences for the following forwards and backwards at the current shape: offsets
+ * [n_docs + 1] over the B * T tokens as plugin.h's doc_offsets (0, every row start among them,
+ * increasing, B * T last), given to every mixer (one without K3RT_CAP_DOCUMENTS refuses the
+ * call); n_docs = 0 goes back to one sequence per row. */
+int model_set_documents(model *m, const int32_t *offsets, int64_t n_docs, k3rt_error *err);
 /* Bytes model_set_shape would allocate for micro-batches of B x T (modules' saved
  * activations, the largest workspace, the model's own buffers), without allocating them. */
 int model_act_bytes(model *m, int64_t B, int64_t T, int64_t *bytes, k3rt_error *err);

@@ -96,6 +96,9 @@ void model_free_acts(model *m)
         free(m->a);
     }
     k3rt_free(m->opt.device, m->act);
+    k3rt_free(m->opt.device, m->docs_buf);
+    m->docs_buf = NULL;
+    memset(&m->docs, 0, sizeof m->docs);
     m->a = NULL;
     m->act = NULL;
     m->act_bytes = 0;
@@ -259,4 +262,22 @@ int model_set_shape(model *m, int64_t B, int64_t T, k3rt_error *err)
     if (rc)
         model_free_acts(m);
     return rc;
+}
+
+int model_set_documents(model *m, const int32_t *offsets, int64_t n_docs, k3rt_error *err)
+{
+    memset(&m->docs, 0, sizeof m->docs);
+    if (n_docs == 0)
+        return K3RT_OK;
+    int64_t N = m->B * m->T;
+    if (!m->a || n_docs < 1 || n_docs > N)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "model: %lld documents for a batch of %lld "
+                         "tokens (set the shape first; 1 to one per token)", (long long)n_docs,
+                         (long long)N);
+    if (!m->docs_buf && !(m->docs_buf = k3rt_alloc(m->opt.device, (size_t)(N + 1) * 4, err)))
+        return err ? err->code : K3RT_ERR_NOMEM;
+    K3RT_TRY(k3rt_memcpy(m->opt.stream, m->docs_buf, m->opt.device, offsets, K3RT_DEVICE_CPU,
+                         (size_t)(n_docs + 1) * 4, err));
+    m->docs = k3rt_tensor_view(m->docs_buf, K3RT_I32, m->opt.device, 1, n_docs + 1, 0, 0, 0);
+    return K3RT_OK;
 }

@@ -161,6 +161,7 @@ static int sublayer_call(model *m, int s, int training, int replay, double aux_s
     a.y = model_act_tensor(m, m->a->ys);
     int fwd = profile_module_row(mi, 0);
     if (s % 2 == 0) {
+        a.doc_offsets = m->docs;
         PROF_TRY(m->prof, fwd, rig_forward(&mm->r, &a, err));
         return K3RT_OK;
     }
@@ -204,6 +205,8 @@ static int sublayer_backward(model *m, int s, k3rt_error *err)
     a.dy = model_act_tensor(m, m->a->dys);
     a.dx = model_act_tensor(m, m->a->dxn);
     const rig *bal = s % 2 ? model_balancer(m, s / 2) : NULL;
+    if (s % 2 == 0)
+        a.doc_offsets = m->docs;
     if (bal && rig_has_aux_loss(bal))
         a.d_scores = k3rt_tensor_view(m->a->d_scores[s / 2], K3RT_F32, m->opt.device, 2,
                                       m->B * m->T, L->experts, 0, 0);

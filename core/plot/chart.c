@@ -131,35 +131,37 @@ static int series(plot_list *l, const chart_spec *c, const frame *f, k3rt_error 
 {
     for (int s = 0; s < c->n_series; s++) {
         const chart_series *cs = &c->series[s];
-        uint32_t color = PALETTE[s % (int)(sizeof PALETTE / sizeof PALETTE[0])];
+        int slot = cs->color ? cs->color - 1 : s;
+        uint32_t color = PALETTE[slot % (int)(sizeof PALETTE / sizeof PALETTE[0])];
+        double width = cs->thin ? 1 : 2;
         int prev = -1;
         for (int i = 0; i < cs->n; i++) {
             if (!usable(c, cs->x[i], cs->y[i]))
                 continue;
             double x = fx(f, cs->x[i]), y = fy(f, cs->y[i]);
             if (prev >= 0)
-                K3RT_TRY(add_line(l, fx(f, cs->x[prev]), fy(f, cs->y[prev]), x, y, color, 2,
-                                  err));
+                K3RT_TRY(add_line(l, fx(f, cs->x[prev]), fy(f, cs->y[prev]), x, y, color,
+                                  width, err));
             plot_item dot = {.kind = ITEM_CIRCLE, .x0 = x, .y0 = y, .width = 3, .color = color};
-            K3RT_TRY(plot_add_item(l, &dot, err));
+            if (!cs->thin)
+                K3RT_TRY(plot_add_item(l, &dot, err));
             prev = i;
         }
         double lx = f->left + f->w + 20, ly = f->top + 12 + 20 * s;
-        K3RT_TRY(add_line(l, lx, ly - 4, lx + 20, ly - 4, color, 2, err));
+        K3RT_TRY(add_line(l, lx, ly - 4, lx + 20, ly - 4, color, width, err));
         K3RT_TRY(add_text(l, lx + 26, ly, cs->name, 12, 0, 0, 0x222222, err));
     }
     return K3RT_OK;
 }
 
-static int layout(const chart_spec *c, plot_list *l, k3rt_error *err)
+enum { CHART_W = 800, CHART_H = 500 };
+
+/* One chart whose top edge is at y = top of the list's page. */
+static int layout_at(const chart_spec *c, plot_list *l, double top, k3rt_error *err)
 {
-    memset(l, 0, sizeof *l);
-    l->width = 800;
-    l->height = 500;
-    l->background = 0xffffff;
-    frame f = {.left = 80, .top = 45, .w = 520, .h = 375, .log_x = c->log_x};
+    frame f = {.left = 80, .top = top + 45, .w = 520, .h = 375, .log_x = c->log_x};
     fit_range(c, &f);
-    K3RT_TRY(add_text(l, l->width / 2, 26, c->title, 15, 1, 0, 0x000000, err));
+    K3RT_TRY(add_text(l, CHART_W / 2, top + 26, c->title, 15, 1, 0, 0x000000, err));
     K3RT_TRY(y_axis(l, &f, err));
     K3RT_TRY(x_axis(l, &f, err));
     plot_item box = {.kind = ITEM_RECT, .x0 = f.left, .y0 = f.top, .x1 = f.w, .y1 = f.h,
@@ -171,10 +173,26 @@ static int layout(const chart_spec *c, plot_list *l, k3rt_error *err)
     return series(l, c, &f, err);
 }
 
+static int layout(const chart_spec *c, int n, plot_list *l, k3rt_error *err)
+{
+    memset(l, 0, sizeof *l);
+    l->width = CHART_W;
+    l->height = CHART_H * n;
+    l->background = 0xffffff;
+    for (int i = 0; i < n; i++)
+        K3RT_TRY(layout_at(&c[i], l, CHART_H * i, err));
+    return K3RT_OK;
+}
+
 int chart_write_svg(const chart_spec *c, const char *path, k3rt_error *err)
 {
+    return chart_write_svg_panels(c, 1, path, err);
+}
+
+int chart_write_svg_panels(const chart_spec *c, int n, const char *path, k3rt_error *err)
+{
     plot_list l;
-    int rc = layout(c, &l, err);
+    int rc = layout(c, n, &l, err);
     if (!rc)
         rc = plot_write_svg_list(&l, path, err);
     plot_list_free(&l);
@@ -184,7 +202,7 @@ int chart_write_svg(const chart_spec *c, const char *path, k3rt_error *err)
 int chart_write_png(const chart_spec *c, const char *path, k3rt_error *err)
 {
     plot_list l;
-    int rc = layout(c, &l, err);
+    int rc = layout(c, 1, &l, err);
     if (!rc)
         rc = plot_write_png_list(&l, path, err);
     plot_list_free(&l);

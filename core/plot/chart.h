@@ -11,6 +11,10 @@ typedef struct chart_series {
     const char *name;
     const double *x, *y;   /* n points in drawing order; non-finite points are skipped */
     int n;
+    /* 0: the series' own colour (its index); k > 0: palette colour k - 1, so that two series
+     * of one run (training and validation loss) share it */
+    int color;
+    int thin;              /* a thin line without dots: a dense curve such as training loss */
 } chart_series;
 
 typedef struct chart_spec {
@@ -22,5 +26,7 @@ typedef struct chart_spec {
 
 int chart_write_svg(const chart_spec *c, const char *path, k3rt_error *err);
 int chart_write_png(const chart_spec *c, const char *path, k3rt_error *err);
+/* n charts stacked top to bottom in one SVG document. */
+int chart_write_svg_panels(const chart_spec *c, int n, const char *path, k3rt_error *err);
 
 #endif

@@ -71,6 +71,9 @@ static const k3rt_option TRAIN_OPTS[] = {
     {"keep_checkpoints", K3RT_OPT_INT, 0, "2", 0, 1e6, NULL, "newest kept (0 = all)"},
     {"max_bad_steps", K3RT_OPT_INT, 0, "5", 0, 1e6, NULL,
      "consecutive non-finite steps skipped before failing"},
+    {"init_weights", K3RT_OPT_STRING, K3RT_OPT_NULLABLE, "null", K3RT_RANGE_ANY, NULL,
+     "safetensors file of k3rt-named parameters loaded over the initialisation of a fresh run "
+     "(fine-tuning; written by k3rt import); relative to the working directory"},
 };
 static const char *const TRAIN_LISTS[] = {"changes"};
 
@@ -85,6 +88,9 @@ static const k3rt_option DATA_OPTS[] = {
      "training shard (shards)"},
     {"val", K3RT_OPT_STRING, K3RT_OPT_NULLABLE, "null", K3RT_RANGE_ANY, NULL,
      "validation shard (shards)"},
+    {"packed_documents", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,
+     "shards: train and evaluate with the shards' .docs boundaries, so token mixers restart "
+     "at each document (KDA: set max_documents to the most documents of a micro-batch)"},
 };
 
 static const k3rt_option SAMPLE_OPTS[] = {

@@ -6,19 +6,14 @@
 #include "train/ckpt_dir.h"
 #include "train/ckpt_manifest.h"
 #include "train/ckpt_verify.h"
+#include "recipe/recipe.h"
 #include "train/train_internal.h"
 #include "util/fs.h"
 
-int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugins, int threads,
-                    k3rt_error *err)
+/* The model of c->doc (and the manifest's balancer in effect, when there is one) on a CPU
+ * stream. */
+static int build(ckpt_model *c, int threads, k3rt_error *err)
 {
-    memset(c, 0, sizeof *c);
-    K3RT_TRY(ckpt_resolve(path, c->dir, sizeof c->dir, err));
-    K3RT_TRY(ckpt_read_manifest(c->dir, &c->manifest, err));
-    K3RT_TRY(registry_open(&c->reg, plugins, err));
-    K3RT_TRY(ckpt_check_manifest(c->manifest, &c->reg, c->dir, err));
-    c->doc = json_object_get(c->manifest, "config");
-    K3RT_TRY(ckpt_verify(c->dir, c->manifest, err));
     const json_t *mdoc = json_object_get(c->doc, "model");
     K3RT_TRY(k3rt_stream_create(K3RT_DEVICE_CPU, K3RT_STREAM_COMPUTE, &c->stream, err));
     if (threads > 0)
@@ -35,7 +30,20 @@ int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugi
                             json_object_get(c->doc, "train"), "seed")), 0, NULL};
     int rc = model_build(&c->m, model_doc, &c->reg, &mo, err);
     json_decref(model_doc);
-    K3RT_TRY(rc);
+    return rc;
+}
+
+int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugins, int threads,
+                    k3rt_error *err)
+{
+    memset(c, 0, sizeof *c);
+    K3RT_TRY(ckpt_resolve(path, c->dir, sizeof c->dir, err));
+    K3RT_TRY(ckpt_read_manifest(c->dir, &c->manifest, err));
+    K3RT_TRY(registry_open(&c->reg, plugins, err));
+    K3RT_TRY(ckpt_check_manifest(c->manifest, &c->reg, c->dir, err));
+    c->doc = json_object_get(c->manifest, "config");
+    K3RT_TRY(ckpt_verify(c->dir, c->manifest, err));
+    K3RT_TRY(build(c, threads, err));
     /* The weights and every plugin state the forward depends on (a balancer's selection
      * bias changes the routing). */
     char file[1300];
@@ -43,6 +51,26 @@ int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugi
                                err));
     return ckpt_load_states(&c->m, NULL, fs_join(file, sizeof file, c->dir, "state.safetensors"),
                             err);
+}
+
+int ckpt_model_from_recipe(ckpt_model *c, const char *path, const plugin_sources *plugins,
+                           int threads, k3rt_error *err)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->dir, sizeof c->dir, "%s", path);
+    K3RT_TRY(registry_open(&c->reg, plugins, err));
+    recipe *rec;
+    K3RT_TRY(recipe_load(path, &c->reg, NULL, 0, NULL, &rec, err));
+    c->manifest = json_pack("{s:O}", "config", recipe_json(rec));
+    recipe_free(rec);
+    if (!c->manifest)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    c->doc = json_object_get(c->manifest, "config");
+    if (!json_string_value(json_object_get(json_object_get(c->doc, "train"), "init_weights")))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s: train.init_weights names no weights file "
+                         "(a recipe is evaluated with the weights it loads)", path);
+    K3RT_TRY(build(c, threads, err));
+    return load_init_weights(&c->m, c->doc, err);
 }
 
 void ckpt_model_close(ckpt_model *c)

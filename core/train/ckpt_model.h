@@ -19,6 +19,9 @@ typedef struct ckpt_model {
 /* path: a checkpoint directory or a run's checkpoints root (newest complete checkpoint). */
 int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugins, int threads,
                     k3rt_error *err);
+/* path: a recipe whose train.init_weights names the weights (what `k3rt import` writes). */
+int ckpt_model_from_recipe(ckpt_model *c, const char *path, const plugin_sources *plugins,
+                           int threads, k3rt_error *err);
 void ckpt_model_close(ckpt_model *c);
 
 /* grad_dump.c (`k3rt eval --grads`): one training forward and backward on the micro-batch the

@@ -24,6 +24,7 @@ void token_stream_free(token_stream *s)
     if (!s)
         return;
     free(s->tokens);
+    free(s->doc_starts);
     memset(s, 0, sizeof *s);
 }
 
@@ -182,6 +183,8 @@ int data_load_shard(const char *path, token_stream *out, k3rt_error *err)
     if (!rc)
         rc = read_tokens(f, path, width, out, err);
     fclose(f);
+    if (!rc)
+        rc = data_load_docs(path, out, err);
     if (rc)
         token_stream_free(out);
     return rc;
@@ -238,6 +241,11 @@ static uint64_t window_hash(uint64_t seed, int64_t row)
     return mix64(h ^ ((uint64_t)row + 0x632be59bd9b4e019ull));
 }
 
+int64_t data_window_start(const token_stream *s, uint64_t seed, int64_t row, int64_t T)
+{
+    return (int64_t)(window_hash(seed, row) % (uint64_t)(s->n - T));
+}
+
 int data_batch(const token_stream *s, uint64_t seed, int64_t index, int64_t B, int64_t T,
                int32_t *inputs, int32_t *targets, k3rt_error *err)
 {
@@ -249,11 +257,10 @@ int data_batch(const token_stream *s, uint64_t seed, int64_t index, int64_t B, i
         return k3rt_fail(err, K3RT_ERR_INVALID, "data has %lld tokens; windows of %lld + 1 "
                          "tokens need at least %lld (shorten seq_len or use more data)",
                          (long long)s->n, (long long)T, (long long)(T + 2));
-    uint64_t range = (uint64_t)(s->n - T);
     for (int64_t b = 0; b < B; b++) {
         /* Rows are numbered globally (index * B + b): data-parallel ranks and gradient
          * accumulation that split a batch draw exactly the rows one rank would draw whole. */
-        int64_t start = (int64_t)(window_hash(seed, index * B + b) % range);
+        int64_t start = data_window_start(s, seed, index * B + b, T);
         memcpy(inputs + b * T, s->tokens + start, (size_t)T * sizeof *inputs);
         memcpy(targets + b * T, s->tokens + start + 1, (size_t)T * sizeof *targets);
     }

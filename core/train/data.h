@@ -17,11 +17,26 @@ typedef struct token_stream {
     int32_t *tokens;    /* owned */
     int64_t n;
     int32_t max_token;  /* largest token id present */
+    /* Document boundaries, when the shard has a <shard>.docs file: document j covers tokens
+     * [doc_starts[j], doc_starts[j + 1]); n_docs + 1 entries, doc_starts[0] = 0, the last = n.
+     * NULL and 0 without one (bytes, or a shard without boundaries). */
+    int64_t *doc_starts;
+    int64_t n_docs;
 } token_stream;
 
 int data_load_bytes(const char *path, double val_fraction, token_stream *train,
                     token_stream *val, k3rt_error *err);
+/* Also reads <path>.docs when it exists (data_docs.c). */
 int data_load_shard(const char *path, token_stream *out, k3rt_error *err);
+/* Document boundaries beside a shard: <shard>.docs holds a 256 x int32 little-endian header —
+ * [0] magic 20261202, [1] version 1, [2] document count D, [3] the shard's token count — then
+ * D + 1 int64 little-endian token offsets: 0, the start of each later document, the token
+ * count. The reader checks every field and that the offsets increase strictly, and names the
+ * file. data_load_docs fills s->doc_starts when the file exists (s holds the shard's tokens);
+ * data_write_docs writes one (tools and tests). */
+int data_load_docs(const char *shard_path, token_stream *s, k3rt_error *err);
+int data_write_docs(const char *shard_path, const int64_t *starts, int64_t n_docs,
+                    int64_t n_tokens, k3rt_error *err);
 /* Writes a shard (tests and tools): version 1 (uint16) when every token < 65536 and
  * force_u32 is 0, else version 7 (uint32). */
 int data_write_shard(const char *path, const int32_t *tokens, int64_t n, int force_u32,
@@ -37,6 +52,14 @@ void token_stream_free(token_stream *s);
  * uniform over [0, n - T), so the stream needs at least T + 2 tokens. */
 int data_batch(const token_stream *s, uint64_t seed, int64_t index, int64_t B, int64_t T,
                int32_t *inputs, int32_t *targets, k3rt_error *err);
+/* The first token of training row `row`'s window (s->n >= T + 2). */
+int64_t data_window_start(const token_stream *s, uint64_t seed, int64_t row, int64_t T);
+/* Packed documents of B windows of T tokens starting at starts[b] (-1: a padding row, one
+ * document), as plugin.h's doc_offsets over the B * T tokens: every row start, and every
+ * document start of s->doc_starts inside a window. offsets holds B * T + 1; returns the
+ * document count (data_docs.c). */
+int64_t data_window_docs(const token_stream *s, const int64_t *starts, int64_t B, int64_t T,
+                         int32_t *offsets);
 /* Validation windows cover every target of the split exactly once: window w has inputs
  * s[w*T .. w*T+T) and targets s[w*T+1 .. w*T+T+1). The last window may be short: its missing
  * positions get input 0 and target -1 (ignored by the loss). */

@@ -3,8 +3,33 @@
 
 #include "train/train_internal.h"
 
+int set_window_documents(model *m, const token_stream *s, const int64_t *starts, int64_t B,
+                         int64_t T, k3rt_error *err)
+{
+    int32_t *offsets = malloc((size_t)(B * T + 1) * sizeof *offsets);
+    if (!offsets)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    int rc = model_set_documents(m, offsets, data_window_docs(s, starts, B, T, offsets), err);
+    free(offsets);
+    return rc;
+}
+
+/* The documents of the validation windows w0 .. w0 + B - 1 (those past W padding rows). */
+static int set_val_documents(model *m, const token_stream *s, int64_t w0, int64_t W, int64_t B,
+                             int64_t T, k3rt_error *err)
+{
+    int64_t *starts = malloc((size_t)B * sizeof *starts);
+    if (!starts)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    for (int64_t b = 0; b < B; b++)
+        starts[b] = w0 + b < W ? (w0 + b) * T : -1;
+    int rc = set_window_documents(m, s, starts, B, T, err);
+    free(starts);
+    return rc;
+}
+
 int eval_windows(model *m, const token_stream *s, int64_t B, int64_t T, int rank, int ranks,
-                 int64_t max_windows, double acc[2], k3rt_error *err)
+                 int64_t max_windows, int packed, double acc[2], k3rt_error *err)
 {
     int64_t W = data_val_windows(s, T), N = B * T;
     if (max_windows > 0 && max_windows < W)
@@ -32,6 +57,8 @@ int eval_windows(model *m, const token_stream *s, int64_t B, int64_t T, int rank
         }
         double ls = 0;
         int64_t cnt = 0;
+        if (!rc && packed)
+            rc = set_val_documents(m, s, w0, W, B, T, err);
         if (!rc)
             rc = model_eval(m, in, tg, &ls, &cnt, err);
         acc[0] += ls;
@@ -39,6 +66,8 @@ int eval_windows(model *m, const token_stream *s, int64_t B, int64_t T, int rank
     }
     free(in);
     free(tg);
+    if (packed)
+        model_set_documents(m, NULL, 0, NULL);
     return rc;
 }
 
@@ -47,7 +76,8 @@ int eval_split(rank_ctx *c, const token_stream *s, int64_t max_windows, double *
 {
     run *r = c->r;
     double acc[2];
-    K3RT_TRY(eval_windows(&c->m, s, r->B, r->T, c->rank, r->dp, max_windows, acc, err));
+    K3RT_TRY(eval_windows(&c->m, s, r->B, r->T, c->rank, r->dp, max_windows, r->packed, acc,
+                          err));
     if (r->dp > 1)
         K3RT_TRY(k3rt_all_reduce(c->dp, c->stream, acc, acc, 2, K3RT_F64, K3RT_REDUCE_SUM, err));
     if (!(acc[1] > 0))

@@ -30,6 +30,7 @@ typedef struct run {
     uint64_t seed;
     char out[1024], ckpt_root[1100];
     token_stream train, val;
+    int packed;                   /* data.packed_documents: batches carry document offsets */
     int64_t start_step;           /* steps already done (resume) */
     char resume_dir[1200];
     json_t *manifest;             /* of the checkpoint resumed from */
@@ -125,11 +126,18 @@ json_t *manifest_plugins(const model *m, const rig *opt);
 /* Loads a checkpoint's weights / its plugin states (opt may be NULL: the optimizer's state is
  * then not read) into a built model. */
 int ckpt_load_weights(model *m, const char *path, k3rt_error *err);
+/* train.init_weights of the recipe document, when it names a file, over the model's parameters. */
+int load_init_weights(model *m, const json_t *doc, k3rt_error *err);
 int ckpt_load_states(model *m, rig *opt, const char *path, k3rt_error *err);
 
-/* train_eval.c: the windows of split s taken by `rank` of `ranks`; acc = {loss sum, count} */
+/* train_eval.c: the documents of B windows of s starting at starts[b] (-1: padding) set on
+ * the model for its next forwards (data.packed_documents). */
+int set_window_documents(model *m, const token_stream *s, const int64_t *starts, int64_t B,
+                         int64_t T, k3rt_error *err);
+/* train_eval.c: the windows of split s taken by `rank` of `ranks`; acc = {loss sum, count};
+ * packed: with the split's document boundaries (data.packed_documents). */
 int eval_windows(model *m, const token_stream *s, int64_t B, int64_t T, int rank, int ranks,
-                 int64_t max_windows, double acc[2], k3rt_error *err);
+                 int64_t max_windows, int packed, double acc[2], k3rt_error *err);
 int eval_split(rank_ctx *c, const token_stream *s, int64_t max_windows, double *mean,
                k3rt_error *err);
 

@@ -74,6 +74,21 @@ static int update_balancers(rank_ctx *c, int64_t step, k3rt_error *err)
     return K3RT_OK;
 }
 
+/* The document offsets of the training batch `index` (data.packed_documents), for the model's
+ * mixers. */
+static int set_batch_documents(rank_ctx *c, int64_t index, k3rt_error *err)
+{
+    run *r = c->r;
+    int64_t *starts = malloc((size_t)r->B * sizeof *starts);
+    if (!starts)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    for (int64_t b = 0; b < r->B; b++)
+        starts[b] = data_window_start(&r->train, r->seed, index * r->B + b, r->T);
+    int rc = set_window_documents(&c->m, &r->train, starts, r->B, r->T, err);
+    free(starts);
+    return rc;
+}
+
 typedef struct step_out {
     double loss, aux, gnorm, lr;
     int skipped;
@@ -94,6 +109,8 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
         int64_t index = ((step - 1) * r->accum + micro) * r->dp + c->rank;
         PROF_TRY(m->prof, PROF_DATA, data_batch(&r->train, r->seed, index, r->B, r->T, in, tg,
                                                  err));
+        if (r->packed)
+            K3RT_TRY(set_batch_documents(c, index, err));
         double ls;
         K3RT_TRY(model_train_step(m, in, tg, 1.0 / (double)(N * r->accum),
                                   1.0 / (double)r->accum, &ls, err));

@@ -55,6 +55,12 @@ int train_print_header(rank_ctx *c, k3rt_error *err)
              r->threads_per_rank, r->threads_per_rank > 1 ? "s" : "",
              (long long)r->B, (long long)r->T, (long long)r->accum, (long long)r->steps,
              (long long)r->train.n, (long long)r->val.n, (double)m->act_bytes / (1 << 20));
+    if (r->train.n_docs || r->val.n_docs)
+        log_info("data: %lld train / %lld validation documents (the shards' .docs boundaries): "
+                 "%s", (long long)r->train.n_docs, (long long)r->val.n_docs,
+                 r->packed ? "the token mixers restart at each (data.packed_documents)"
+                           : "windows run across them (data.packed_documents restarts the "
+                             "token mixers there)");
     return K3RT_OK;
 }
 

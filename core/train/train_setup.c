@@ -149,6 +149,15 @@ static int load_data(run *r, k3rt_error *err)
     }
     const char *val = tok && !strcmp(tok, "shards") ? get_str(data, "val") : get_str(data, "path");
     K3RT_TRY(data_check_val(&r->val, val, err));
+    r->packed = json_is_true(json_object_get(data, "packed_documents"));
+    if (r->packed && (!tok || strcmp(tok, "shards")))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "data.packed_documents: needs tokenizer = "
+                         "\"shards\" with .docs boundaries (scripts/data/prepare.py)");
+    if (r->packed && (!r->train.n_docs || !r->val.n_docs)) {
+        const char *bare = r->train.n_docs ? val : get_str(data, "train");
+        return k3rt_fail(err, K3RT_ERR_INVALID, "data.packed_documents: %s has no document "
+                         "boundaries (%s.docs, written by scripts/data/prepare.py)", bare, bare);
+    }
     int64_t vocab = get_int(json_object_get(r->doc, "model"), "vocab");
     int32_t top = r->train.max_token > r->val.max_token ? r->train.max_token : r->val.max_token;
     if (top >= vocab)
@@ -280,6 +289,18 @@ static int build_optimizer(rank_ctx *c, k3rt_error *err)
     return rig_create(&c->opt, e, json_object_get(spec, "config"), &a, "optimizer", err);
 }
 
+int load_init_weights(model *m, const json_t *doc, k3rt_error *err)
+{
+    const char *path = json_string_value(json_object_get(json_object_get(doc, "train"),
+                                                         "init_weights"));
+    if (!path)
+        return K3RT_OK;
+    int rc = ckpt_load_weights(m, path, err);
+    if (rc)
+        k3rt_error_prefix(err, "train.init_weights: ");
+    return rc;
+}
+
 int rank_build(rank_ctx *c, k3rt_error *err)
 {
     run *r = c->r;
@@ -302,6 +323,8 @@ int rank_build(rank_ctx *c, k3rt_error *err)
     K3RT_TRY(build_optimizer(c, err));
     if (r->opt.resume && r->resume_dir[0])
         K3RT_TRY(ckpt_load_run(c, err));
+    else
+        K3RT_TRY(load_init_weights(&c->m, r->doc, err));
     return K3RT_OK;
 }
 

@@ -73,7 +73,7 @@ START_TEST(test_png_and_svg)
     /* One series, a horizontal line at y = 2 from x = 1e12 to 1e14, and one point of a second
      * (a NaN point is skipped). */
     double x1[3] = {1e12, 1e13, 1e14}, y1[3] = {2, 2, 2}, x2[2] = {1e13, 1e13}, y2[2] = {NAN, 3};
-    chart_series s[2] = {{"first", x1, y1, 3}, {"second <&>", x2, y2, 2}};
+    chart_series s[2] = {{"first", x1, y1, 3, 0, 0}, {"second <&>", x2, y2, 2, 0, 0}};
     chart_spec c = {"title", "x", "y", 1, s, 2};
     k3rt_error err = {0};
     TU_OK(chart_write_png(&c, png, &err), err);

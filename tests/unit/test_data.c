@@ -20,7 +20,7 @@ static const char *tmp_path(char *buf, size_t len, const char *name)
 /* A stream over caller-owned tokens (not freed). */
 static token_stream stream_of(int32_t *tokens, int64_t n)
 {
-    token_stream s = {tokens, n, 0};
+    token_stream s = {tokens, n, 0, NULL, 0};
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] > s.max_token)
             s.max_token = tokens[i];

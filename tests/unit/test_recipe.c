@@ -148,9 +148,10 @@ START_TEST(test_good_recipe_document)
               "{\"steps\":1000,\"warmup\":100,\"schedule\":\"cosine\",\"min_lr_ratio\":0.1,"
               "\"seed\":1,\"grad_clip\":1.0,\"log_interval\":10,\"eval_interval\":250,"
               "\"eval_batches\":0,\"checkpoint_interval\":500,\"keep_checkpoints\":2,"
-              "\"max_bad_steps\":5,\"changes\":[]}");
+              "\"max_bad_steps\":5,\"init_weights\":null,\"changes\":[]}");
     same_json(at(doc, "data"), "{\"tokenizer\":\"bytes\",\"path\":\"data/x.txt\","
-                               "\"val_fraction\":0.1,\"train\":null,\"val\":null}");
+                               "\"val_fraction\":0.1,\"train\":null,\"val\":null,"
+                               "\"packed_documents\":false}");
     same_json(at(doc, "sample"), "{\"bytes\":500,\"temperature\":0.8,\"top_k\":0,"
                                  "\"prompt\":\"\\n\",\"seed\":1}");
     same_json(at(doc, "out"), "\"runs/recipe\"");
@@ -216,7 +217,7 @@ START_TEST(test_misspelt_keys)
     fails("", "", "train = { changes = { { stp = 1, balancer = k3.none{} } } },", NULL, 0,
           "train.changes[1]: unknown key 'stp'", "did you mean 'step'?");
     fails("", "", "data = { path = 'x', zzzzzz = 1 },", NULL, 0, "data: unknown key 'zzzzzz'",
-          "(valid keys: tokenizer, path, val_fraction, train, val)");
+          "(valid keys: tokenizer, path, val_fraction, train, val, packed_documents)");
 }
 END_TEST
 

@@ -182,9 +182,14 @@ START_TEST(test_buffers_checked)
     f.x_prefix.shape[1] = 3;
     TU_OK(rig_forward(&r, &f, &err), err);
     rig_destroy(&r);
-    /* documents for a mixer that does not declare them (mla) */
-    cfg = json_pack("{s:i}", "heads", 2);
-    TU_OK(rig_create(&r, tu_plugin("mla"), cfg, &a, "layers.1.mixer", &err), err);
+    /* documents for a mixer that does not declare them (the nan_mixer fixture) */
+    registry fx;
+    const plugin_entry *nan_mixer;
+    TU_OK(registry_init(&fx, NULL, &err), err);
+    TU_OK(registry_load_file(&fx, K3RT_BINARY_DIR "/fixtures/nan_mixer.so", &nan_mixer, &err),
+          err);
+    cfg = json_object();
+    TU_OK(rig_create(&r, nan_mixer, cfg, &a, "layers.1.mixer", &err), err);
     json_decref(cfg);
     TU_OK(rig_alloc_params(&r, &err), err);
     TU_OK(rig_alloc_shape(&r, 2, 8, 0, &err), err);
@@ -193,6 +198,7 @@ START_TEST(test_buffers_checked)
     f.doc_offsets = k3rt_tensor_view(docs, K3RT_I32, K3RT_DEVICE_CPU, 1, 3, 0, 0, 0);
     REFUSED(rig_forward(&r, &f, &err), err, "K3RT_CAP_DOCUMENTS");
     rig_destroy(&r);
+    registry_free(&fx);
     free(buf), free(ws);
     k3rt_stream_destroy(s);
 }

@@ -82,6 +82,8 @@ typedef struct SUF(attn) {
     REAL *lse;                  /* [B, H, T] */
     REAL *item_max;             /* forward: [B*H] max scaled logit */
     const REAL *dout;           /* backward: dO [B, T, H, dv] */
+    const int32_t *docs;        /* packed documents: offsets [n_docs + 1] over B * T, or NULL */
+    int64_t n_docs;
     REAL *dq, *dk, *dv;         /* backward outputs, same layouts as q, k, v */
     REAL *scratch;              /* [slots, ...] */
     int64_t scratch_per_slot;
@@ -95,6 +97,18 @@ static void SUF(attn_fail)(SUF(attn) *c, const k3rt_error *e)
         c->err = *e;
 }
 
+/* The first key token t of row b may see: its document's first token (row-relative), *k
+ * the document index, advanced as t grows (rows are walked in order). 0 without documents. */
+static int64_t SUF(doc_first)(const SUF(attn) *c, int64_t b, int64_t t, int64_t *k)
+{
+    if (!c->docs)
+        return 0;
+    int64_t g = b * c->T + t;
+    while (*k + 1 < c->n_docs && c->docs[*k + 1] <= g)
+        (*k)++;
+    return c->docs[*k] - b * c->T;
+}
+
 /* Forward of one (b, h):  S = scale Q K^T (causal),  P = softmax_row(S),  O = P V,
  * lse_t = log sum_j exp(S_tj). S holds one row block: [MLA_BLOCK, keys]. */
 static int SUF(attn_fwd_item)(SUF(attn) *c, int64_t item, REAL *S, k3rt_error *e)
@@ -106,6 +120,7 @@ static int SUF(attn_fwd_item)(SUF(attn) *c, int64_t item, REAL *S, k3rt_error *e
     const REAL *V = c->v + b * T * ldv + h * m->dv;
     REAL *O = c->out + b * T * ldv + h * m->dv, *lse = c->lse + item * T;
     double top = -INFINITY;
+    int64_t doc = 0;
     for (int64_t r0 = 0; r0 < T; r0 += MLA_BLOCK) {
         int64_t rows = T - r0 < MLA_BLOCK ? T - r0 : MLA_BLOCK, keys = r0 + rows;
         K3RT_TRY(k3rt_gemm(c->s, DTYPE, 0, 1, rows, keys, m->dqk, m->scale, Q + r0 * ldq, ldq,
@@ -113,12 +128,14 @@ static int SUF(attn_fwd_item)(SUF(attn) *c, int64_t item, REAL *S, k3rt_error *e
         REAL inv[MLA_BLOCK]; /* 1/row sum: P V is formed unnormalised, O rows scaled after */
         for (int64_t i = 0; i < rows; i++) {
             REAL *si = S + i * keys;
-            int64_t n = r0 + i + 1; /* token t = r0 + i sees keys 0..t */
-            REAL mx = SUF(row_max)(si, n);
-            for (int64_t j = 0; j < n; j++)
+            /* token t = r0 + i sees keys f..t: f = 0, or its document's first token */
+            int64_t n = r0 + i + 1, f = SUF(doc_first)(c, b, r0 + i, &doc);
+            REAL mx = SUF(row_max)(si + f, n - f);
+            memset(si, 0, (size_t)f * sizeof(REAL));
+            for (int64_t j = f; j < n; j++)
                 si[j] = EXP(si[j] - mx);
             memset(si + n, 0, (size_t)(keys - n) * sizeof(REAL));
-            REAL sum = SUF(row_sum)(si, n);
+            REAL sum = SUF(row_sum)(si + f, n - f);
             inv[i] = (REAL)1 / sum;
             lse[r0 + i] = mx + (REAL)log((double)sum);
             /* A NaN anywhere in the row shows up in sum (and so in lse). */
@@ -152,14 +169,16 @@ static int SUF(attn_bwd_item)(SUF(attn) *c, int64_t item, REAL *P, k3rt_error *e
         memset(dK + t * ldq, 0, (size_t)m->dqk * sizeof(REAL));
         memset(dV + t * ldv, 0, (size_t)m->dv * sizeof(REAL));
     }
+    int64_t doc = 0, doc2 = 0;
     for (int64_t r0 = 0; r0 < T; r0 += MLA_BLOCK) {
         int64_t rows = T - r0 < MLA_BLOCK ? T - r0 : MLA_BLOCK, keys = r0 + rows;
         K3RT_TRY(k3rt_gemm(c->s, DTYPE, 0, 1, rows, keys, m->dqk, m->scale, Q + r0 * ldq, ldq,
                            K, ldq, 0.0, P, keys, e));
         for (int64_t i = 0; i < rows; i++) {
             REAL *pi = P + i * keys, l = lse[r0 + i];
-            int64_t n = r0 + i + 1;
-            for (int64_t j = 0; j < n; j++)
+            int64_t n = r0 + i + 1, f = SUF(doc_first)(c, b, r0 + i, &doc);
+            memset(pi, 0, (size_t)f * sizeof(REAL));
+            for (int64_t j = f; j < n; j++)
                 pi[j] = EXP(pi[j] - l);
             memset(pi + n, 0, (size_t)(keys - n) * sizeof(REAL));
         }
@@ -173,9 +192,10 @@ static int SUF(attn_bwd_item)(SUF(attn) *c, int64_t item, REAL *P, k3rt_error *e
             double D = 0;
             for (int64_t j = 0; j < m->dv; j++)
                 D += (double)doi[j] * (double)oi[j];
-            int64_t n = r0 + i + 1;
+            int64_t n = r0 + i + 1, f = SUF(doc_first)(c, b, r0 + i, &doc2);
             REAL Dr = (REAL)D;
-            for (int64_t j = 0; j < n; j++)
+            memset(di, 0, (size_t)f * sizeof(REAL));
+            for (int64_t j = f; j < n; j++)
                 di[j] = pi[j] * (di[j] - Dr);
             memset(di + n, 0, (size_t)(keys - n) * sizeof(REAL));
         }
@@ -312,6 +332,8 @@ int SUF(mla_forward)(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
     c.m = m, c.s = s, c.B = B, c.T = T;
     c.q = SV(L.q), c.k = SV(L.k), c.v = SV(L.v), c.out = SV(L.o), c.lse = SV(L.lse);
     c.item_max = ws + L.f_max;
+    c.docs = a->doc_offsets.ndim ? a->doc_offsets.data : NULL;
+    c.n_docs = a->doc_offsets.ndim ? a->doc_offsets.shape[0] - 1 : 0;
     c.scratch = ws + L.f_scratch, c.scratch_per_slot = (int64_t)MLA_BLOCK * T;
     K3RT_TRY(SUF(attn_run)(&c, SUF(attn_fwd_range), err));
     for (int64_t h = 0; h < H; h++) {
@@ -379,6 +401,8 @@ int SUF(mla_backward)(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
     c.m = m, c.s = s, c.B = B, c.T = T;
     c.q = SV(L.q), c.k = SV(L.k), c.v = SV(L.v), c.o = o, c.lse = SV(L.lse);
     c.dout = dO, c.dq = ws + L.b_dq, c.dk = ws + L.b_dk, c.dv = ws + L.b_dv;
+    c.docs = a->doc_offsets.ndim ? a->doc_offsets.data : NULL;
+    c.n_docs = a->doc_offsets.ndim ? a->doc_offsets.shape[0] - 1 : 0;
     c.scratch = ws + L.b_scratch, c.scratch_per_slot = 2 * (int64_t)MLA_BLOCK * T;
     K3RT_TRY(SUF(attn_run)(&c, SUF(attn_bwd_range), err));
 

@@ -312,12 +312,21 @@ static void mla_reset_stats(void *self)
 
 /* ---- calls -------------------------------------------------------------------------------- */
 
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+/* Packed documents are masked on the CPU only so far (cpu.inc.c's doc_first). */
+static int no_cuda_documents(k3rt_error *err)
+{
+    return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "mla: packed documents (doc_offsets) run on the "
+                     "CPU only; the CUDA attention has no document mask yet");
+}
+#endif
+
 static int mla_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 {
     mla *m = self;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (m->device != K3RT_DEVICE_CPU)
-        return mla_forward_cuda(m, a, err);
+        return a->doc_offsets.ndim ? no_cuda_documents(err) : mla_forward_cuda(m, a, err);
 #endif
     return m->dtype == K3RT_F32 ? mla_forward_f32(m, a, err) : mla_forward_f64(m, a, err);
 }
@@ -327,7 +336,7 @@ static int mla_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
     mla *m = self;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (m->device != K3RT_DEVICE_CPU)
-        return mla_backward_cuda(m, a, err);
+        return a->doc_offsets.ndim ? no_cuda_documents(err) : mla_backward_cuda(m, a, err);
 #endif
     return m->dtype == K3RT_F32 ? mla_backward_f32(m, a, err) : mla_backward_f64(m, a, err);
 }
@@ -362,9 +371,10 @@ static const k3rt_plugin_descriptor mla_descriptor = {
     .description = "NoPE multi-head latent attention (Kimi), optional q low-rank and K3's "
                    "sigmoid output gate; reports per-head max logits for QK-clip",
 #ifdef K3RT_PLUGIN_HAVE_CUDA
-    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+    .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC |
+            K3RT_CAP_DOCUMENTS,
 #else
-    .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC,
+    .caps = K3RT_CAP_CPU | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC | K3RT_CAP_DOCUMENTS,
 #endif
     .options = mla_options,
     .n_options = MLA_N_OPTIONS,
