@@ -7,7 +7,13 @@
  * A rank that dies closes its sockets (the kernel does it even on SIGKILL), so every rank
  * that next talks to it gets an error naming it — its rank and pid — within the collective,
  * never a hang. A rank that fails with an error shuts its sockets down the same way
- * (comm_abort). */
+ * (comm_abort).
+ *
+ * Why k3rt has a transport of its own at all: Open MPI cannot join processes that mpirun did
+ * not start, and torchrun, srun and `k3rt launch` start them (launch does so to see each
+ * rank's pid and exit signal first-hand). This backend is for CPU ranks — tests, small CPU
+ * jobs — and for the rendezvous at MASTER_ADDR:MASTER_PORT; it is not a data path for GPUs,
+ * whose collectives belong to NCCL, nor for many CPU hosts, which belong to `mpi`. */
 #include "comm/comm_tcp.h"
 #include "comm/comm_reduce.h"
 
