@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "interop/hf_export.h"
 #include "train/trainer.h"
+#include "util/fs.h"
 
 static void export_usage(FILE *to)
 {
@@ -119,6 +120,14 @@ static int import_run(hf_options *o)
     snprintf(weights, sizeof weights, "%s/import", o->out);
     snprintf(recipe, sizeof recipe, "%s/import/recipe.lua", o->out);
     const char *run_dir = o->out;
+    char ckpts[2048];
+    snprintf(ckpts, sizeof ckpts, "%s/checkpoints", run_dir);
+    if (fs_exists(weights) || fs_exists(ckpts)) {
+        fprintf(stderr, "k3rt import: %s already holds %s; --out RUN_DIR makes a new run "
+                "folder: choose another\n", run_dir, fs_exists(weights) ? "import/" :
+                "checkpoints/");
+        return 1;
+    }
     o->out = weights;
     o->recipe_out = recipe;
     k3rt_error err = {0};
@@ -134,9 +143,13 @@ static int import_run(hf_options *o)
     t.no_sample = 1;
     train_result res;
     rc = train_main(&t, &res, &err);
-    if (!rc)
+    if (!rc) {
         printf("wrote the checkpoint %s/checkpoints/step_00000000\n", run_dir);
-    return finish("import", rc, &err);
+        return 0;
+    }
+    fprintf(stderr, "k3rt import: %s\n  (no checkpoint written; the weights and recipe are in "
+            "%s: fix the recipe, e.g. its data, and `k3rt train` it)\n", err.msg, weights);
+    return 1;
 }
 
 int cmd_import(int argc, char **argv)

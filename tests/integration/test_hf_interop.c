@@ -3,7 +3,8 @@
  * and imported back. The folder parses in Python (config.json, the index, every shard); the
  * imported tensors equal the checkpoint's bit for bit, by k3rt's own model document and
  * from the Kimi-Linear fields alone; `k3rt eval` of the imported recipe equals the
- * checkpoint's, and `k3rt train` of it starts from them (train.init_weights); a bf16 export
+ * checkpoint's, and `k3rt train` of it starts from them (train.init_weights); `import --out
+ * RUN_DIR` writes a step-0 checkpoint that eval reads and --resume continues; a bf16 export
  * comes back as the bf16 rounding of every weight; a tensor
  * without a Hub name (Block AttnRes) and a Hub tensor without a k3rt name are refused by
  * name. */
@@ -175,6 +176,10 @@ START_TEST(test_round_trip)
     moved = tu_safetensors_max_rel_diff(weights, path);
     ck_assert_msg(moved < 1e-6 && moved > 0, "one resumed step at lr 1e-12 moved the weights "
                   "by %g (relative rms)", moved);
+    snprintf(args, sizeof args, "import %s/hf --out %s/imp", dir, dir);
+    out = k3rt(args, 1);
+    ck_assert_msg(strstr(out, "imp already holds import/"), "%s", out);
+    free(out);
 
     /* back, from the Kimi-Linear fields alone */
     snprintf(path, sizeof path, "%s/hf/config.json", dir);
