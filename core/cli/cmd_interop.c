@@ -1,5 +1,6 @@
 /* k3rt export CHECKPOINT --hf DIR [--dtype bf16|f32] [--shard-size SIZE]
- * k3rt import DIR --recipe OUT.lua [--out WEIGHTS_DIR] */
+ * k3rt import DIR --recipe OUT.lua [--out WEIGHTS_DIR]
+ * k3rt import DIR --out RUN_DIR */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,8 @@
 
 #include "cli/commands.h"
 #include "interop/hf_export.h"
+#include "train/trainer.h"
+#include "util/fs.h"
 
 static void export_usage(FILE *to)
 {
@@ -26,10 +29,15 @@ static void import_usage(FILE *to)
 {
     fprintf(to,
             "usage: k3rt import DIR --recipe OUT.lua [--out WEIGHTS_DIR]\n"
+            "       k3rt import DIR --out RUN_DIR\n"
             "  reads a Hugging Face folder in the Kimi-Linear layout and writes k3rt weights\n"
             "  (WEIGHTS_DIR/model.safetensors, default: DIR/k3rt) and a recipe whose\n"
             "  train.init_weights loads them: `k3rt eval OUT.lua` scores them, `k3rt train\n"
-            "  OUT.lua` fine-tunes them\n"
+            "  OUT.lua` fine-tunes them. Without --recipe, RUN_DIR becomes a run folder:\n"
+            "  RUN_DIR/import/{model.safetensors,recipe.lua} and the checkpoint\n"
+            "  RUN_DIR/checkpoints/step_00000000 (the weights, fresh optimizer state), which\n"
+            "  `k3rt eval RUN_DIR/checkpoints` scores and `k3rt train RUN_DIR/import/recipe.lua\n"
+            "  --out RUN_DIR --resume` trains on from\n"
             "  --names FILE          the name table (default: hf_names.json beside the plugins)\n"
             "  --plugin-path DIRS    extra plugin directories (':'-separated), searched first\n");
 }
@@ -103,6 +111,47 @@ int cmd_export(int argc, char **argv)
     return finish("export", hf_export(&o, &err), &err);
 }
 
+/* k3rt import DIR --out RUN_DIR: the weights and recipe under RUN_DIR/import, then the
+ * trainer's own checkpoint writer saves step 0 of a run of that recipe (every manifest field,
+ * fresh plugin and optimizer state) and stops before the first step. */
+static int import_run(hf_options *o)
+{
+    char weights[2048], recipe[2048];
+    snprintf(weights, sizeof weights, "%s/import", o->out);
+    snprintf(recipe, sizeof recipe, "%s/import/recipe.lua", o->out);
+    const char *run_dir = o->out;
+    char ckpts[2048];
+    snprintf(ckpts, sizeof ckpts, "%s/checkpoints", run_dir);
+    if (fs_exists(weights) || fs_exists(ckpts)) {
+        fprintf(stderr, "k3rt import: %s already holds %s; --out RUN_DIR makes a new run "
+                "folder: choose another\n", run_dir, fs_exists(weights) ? "import/" :
+                "checkpoints/");
+        return 1;
+    }
+    o->out = weights;
+    o->recipe_out = recipe;
+    k3rt_error err = {0};
+    int rc = hf_import(o, &err);
+    if (rc)
+        return finish("import", rc, &err);
+    train_options t = {0};
+    t.recipe_path = recipe;
+    t.out_dir = run_dir;
+    t.plugins.dirs = o->plugin_path;
+    t.save_start = 1;
+    t.quiet = 1;
+    t.no_sample = 1;
+    train_result res;
+    rc = train_main(&t, &res, &err);
+    if (!rc) {
+        printf("wrote the checkpoint %s/checkpoints/step_00000000\n", run_dir);
+        return 0;
+    }
+    fprintf(stderr, "k3rt import: %s\n  (no checkpoint written; the weights and recipe are in "
+            "%s: fix the recipe, e.g. its data, and `k3rt train` it)\n", err.msg, weights);
+    return 1;
+}
+
 int cmd_import(int argc, char **argv)
 {
     hf_options o = {0};
@@ -125,10 +174,12 @@ int cmd_import(int argc, char **argv)
             return 2;
         }
     }
-    if (!o.src || !o.recipe_out) {
+    if (!o.src || (!o.recipe_out && !o.out)) {
         import_usage(stderr);
         return 2;
     }
+    if (!o.recipe_out)
+        return import_run(&o);
     char dflt[2048];
     if (!o.out) {
         snprintf(dflt, sizeof dflt, "%s/k3rt", o.src);

@@ -329,7 +329,7 @@ static int stopping_at(const run *r, int64_t step)
 static int maybe_checkpoint(rank_ctx *c, int64_t step, k3rt_error *err)
 {
     run *r = c->r;
-    int last = stopping_at(r, step);
+    int last = stopping_at(r, step) || r->opt.save_start;
     if (!last && !(r->ckpt_interval > 0 && step % r->ckpt_interval == 0))
         return K3RT_OK;
     /* Every rank has the same streak (the loss is all-reduced): all skip or none. A save now
@@ -402,7 +402,10 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
     if (!rc)
         rc = train_profile_setup(c, err);
     c->interval_t0 = time_now();
-    for (int64_t step = r->start_step + 1; step <= r->steps && !rc; step++) {
+    if (!rc && r->opt.save_start) /* the initial weights as step 0's checkpoint, no step */
+        rc = maybe_checkpoint(c, r->start_step, err);
+    for (int64_t step = r->start_step + 1; step <= r->steps && !rc && !r->opt.save_start;
+         step++) {
         step_out o;
         rc = scheduled_changes(c, step, err);
         if (!rc)

@@ -59,6 +59,9 @@ typedef struct train_options {
     int64_t stop_after;             /* > 0: checkpoint and stop after this step, as an
                                        interrupted job would (the schedule still spans
                                        train.steps) */
+    int save_start;                 /* write the checkpoint of the start (step 0: the initial
+                                       weights and fresh plugin state) and stop, running no
+                                       step (k3rt import --out) */
     int64_t profile;                /* > 0: time this many steps (after two warm-up steps) per
                                        module instance and part, print the table and write
                                        it into metrics.jsonl; the run goes on unchanged */

@@ -9,6 +9,8 @@
   as k3rt (`layers.{i}.mixer.q_proj.weight`, ...); the plugins' math is the CPU references'
   (plugins/*/); the pieces of the dense model are here (NoPE gated MLA, dense GLU, the
   standard residual), torch_k3.py adds KDA, LatentMoE and Block AttnRes;
+- or a Hugging Face folder `k3rt export` wrote (--hf DIR, torch_hub.py: the Hub names mapped
+  back by plugins/hf_names.json, the model document from config.json);
 - two paths: `pure` (explicit attention, recurrences and loops in torch ops; runs on the CPU
   with Debian's torch 1.13, in f64 or f32) and `fast` (SDPA and the GPU kernels each peer
   names; bf16 autocast over fp32 master weights);
@@ -69,6 +71,15 @@ def find_checkpoint(path):
         if done:
             return done[-1]
     sys.exit(f"{path}: no checkpoint (a folder with manifest.json, or step_*/DONE under it)")
+
+
+def open_model(args):
+    """The weights to check or time: --hf DIR (a folder `k3rt export` wrote, torch_hub.py) or
+    --ckpt (a k3rt checkpoint)."""
+    if args.hf:
+        from torch_hub import HubFolder
+        return HubFolder(args.hf, read_safetensors, args.names)
+    return Checkpoint(args.ckpt)
 
 
 class Checkpoint:
@@ -277,7 +288,7 @@ def check(args, make_model):
     """k3rt's loss and gradients (k3rt eval --grads) against autograd on the same weights:
     the pure path on the CPU in --dtype, or --path fast on the GPU (bf16 autocast over fp32
     weights: give it bf16-sized tolerances)."""
-    ck = Checkpoint(args.ckpt)
+    ck = open_model(args)
     ref = read_safetensors(args.check)
     fast = args.path == "fast"
     dev = torch.device("cuda" if fast else "cpu")
@@ -340,7 +351,7 @@ def bench(args, make_model, compile_hint):
         sys.exit("bench: needs a CUDA device")
     if gpu:
         torch.backends.cuda.matmul.allow_tf32 = True
-    ck = Checkpoint(args.ckpt)
+    ck = open_model(args)
     dev = torch.device(args.bench_device)
     weights = {k: v.to(dev, torch.float32).requires_grad_(True) for k, v in ck.weights.items()}
     state = {k: v.to(dev) for k, v in ck.state.items()}
@@ -414,8 +425,13 @@ def compile_blocks(model):
 
 def main(make_model, compile_hint, peer_name, description):
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--ckpt", required=True,
-                    help="a k3rt checkpoint directory, or a run (folder) holding checkpoints")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ckpt",
+                     help="a k3rt checkpoint directory, or a run (folder) holding checkpoints")
+    src.add_argument("--hf", metavar="DIR",
+                     help="a Hugging Face folder `k3rt export` wrote (Hub names mapped back "
+                          "by plugins/hf_names.json)")
+    ap.add_argument("--names", metavar="FILE", help="--hf: the table (default: the repo's)")
     ap.add_argument("--check", metavar="GRADS",
                     help="compare with `k3rt eval CKPT --grads GRADS`'s loss and gradients")
     ap.add_argument("--dtype", choices=["f64", "f32"], default="f64", help="check precision")

@@ -3,7 +3,8 @@
  * and imported back. The folder parses in Python (config.json, the index, every shard); the
  * imported tensors equal the checkpoint's bit for bit, by k3rt's own model document and
  * from the Kimi-Linear fields alone; `k3rt eval` of the imported recipe equals the
- * checkpoint's, and `k3rt train` of it starts from them (train.init_weights); a bf16 export
+ * checkpoint's, and `k3rt train` of it starts from them (train.init_weights); `import --out
+ * RUN_DIR` writes a step-0 checkpoint that eval reads and --resume continues; a bf16 export
  * comes back as the bf16 rounding of every weight; a tensor
  * without a Hub name (Block AttnRes) and a Hub tensor without a k3rt name are refused by
  * name. */
@@ -152,6 +153,33 @@ START_TEST(test_round_trip)
     double moved = tu_safetensors_max_rel_diff(weights, path);
     ck_assert_msg(moved < 1e-6, "one step at lr 1e-12 moved a weight by %g (relative rms)",
                   moved);
+
+    /* back as a run folder: step 0's checkpoint holds the weights bit for bit, `k3rt eval`
+     * of it equals the original's, and `--resume` trains on from it (lr 1e-12: kept) */
+    snprintf(args, sizeof args, "import %s/hf --out %s/imp", dir, dir);
+    free(k3rt(args, 0));
+    snprintf(path, sizeof path, "%s/model.safetensors", ckpt);
+    snprintf(weights, sizeof weights, "%s/imp/checkpoints/step_00000000/model.safetensors", dir);
+    ck_assert_int_eq(compare(path, weights, 0), 98);
+    snprintf(path, sizeof path, "%s/imp/checkpoints/step_00000000/state.safetensors", dir);
+    ck_assert(fs_exists(path));
+    snprintf(path, sizeof path, "%s/imp/checkpoints", dir);
+    eval_loss(path, loss1, sizeof loss1);
+    ck_assert_str_eq(loss0, loss1);
+    snprintf(args, sizeof args, "train %s/imp/import/recipe.lua --out %s/imp --resume "
+             "--set train.steps=1 --set optimizer.lr=1e-12 --set train.checkpoint_interval=1 "
+             "--set train.eval_interval=0 --set train.eval_batches=1 --no-sample", dir, dir);
+    out = k3rt(args, 0);
+    ck_assert_msg(strstr(out, "--resume: continuing") && strstr(out, "from step 0"), "%s", out);
+    free(out);
+    snprintf(path, sizeof path, "%s/imp/checkpoints/step_00000001/model.safetensors", dir);
+    moved = tu_safetensors_max_rel_diff(weights, path);
+    ck_assert_msg(moved < 1e-6 && moved > 0, "one resumed step at lr 1e-12 moved the weights "
+                  "by %g (relative rms)", moved);
+    snprintf(args, sizeof args, "import %s/hf --out %s/imp", dir, dir);
+    out = k3rt(args, 1);
+    ck_assert_msg(strstr(out, "imp already holds import/"), "%s", out);
+    free(out);
 
     /* back, from the Kimi-Linear fields alone */
     snprintf(path, sizeof path, "%s/hf/config.json", dir);

@@ -15,17 +15,7 @@
 set -u
 K3RT=$1
 SRC=$2
-PY=""
-for cand in ${K3RT_TORCH_PYTHON:-} python3 /usr/bin/python3; do
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import torch" 2>/dev/null; then
-        PY=$cand
-        break
-    fi
-done
-if [ -z "$PY" ]; then
-    echo "SKIP: no python3 with torch (set K3RT_TORCH_PYTHON)"
-    exit 77
-fi
+. "$(dirname "$0")/torch_python.sh"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 cd "$SRC" || exit 1
