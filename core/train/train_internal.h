@@ -98,6 +98,10 @@ int shard_on(const run *r);
 int shard_setup(rank_ctx *c, k3rt_error *err);
 const k3rt_param_ref *shard_refs(rank_ctx *c);
 int shard_publish(rank_ctx *c, k3rt_error *err);
+/* The data-parallel gradient average: to each tensor's owner (sharded), or to every rank. */
+int shard_reduce_grads(rank_ctx *c, k3rt_error *err);
+/* The squared gradient norm every rank agrees on (see train_shard.c for its order). */
+int shard_grad_sum_squares(rank_ctx *c, double *ss, k3rt_error *err);
 void shard_free(rank_ctx *c);
 int shard_gather_state(rank_ctx *c, struct k3rt_tensor_sink *out, char ***keep,
                        k3rt_error *err);

@@ -116,13 +116,17 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
                                   1.0 / (double)r->accum, &ls, err));
         sums[0] += ls / (double)(N * r->accum);
     }
-    K3RT_TRY(all_reduce(c, m->grad_buf, m->total_numel, m->master_dtype, K3RT_REDUCE_AVG, err));
+    if (c->sharded)
+        PROF_TRY(m->prof, PROF_COMM, shard_reduce_grads(c, err));
+    else
+        K3RT_TRY(all_reduce(c, m->grad_buf, m->total_numel, m->master_dtype, K3RT_REDUCE_AVG,
+                            err));
     PROF_TRY(m->prof, PROF_STATS, gather_stats(c, err));  /* also brings the auxiliary loss */
     sums[1] = m->aux_loss / (double)r->accum;
     K3RT_TRY(all_reduce(c, sums, 2, K3RT_F64, K3RT_REDUCE_AVG, err));
     double ss;
     K3RT_TRY(prof_begin(m->prof, PROF_GRAD_NORM, err));
-    K3RT_TRY(k3rt_sum_squares(c->stream, m->master_dtype, m->grad_buf, m->total_numel, &ss, err));
+    K3RT_TRY(shard_grad_sum_squares(c, &ss, err));
     /* CUDA kernels record an out-of-range token instead of trapping; the gradient norm has
      * just synchronised the stream, so reading the flag here costs nothing. */
     K3RT_TRY(k3rt_stream_index_error(c->stream, err));

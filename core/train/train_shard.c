@@ -1,15 +1,19 @@
 /* ZeRO-1 (plan.shard_optimizer): the optimizer state is split across the data-parallel
  * ranks by whole tensors. Each parameter has one owner, assigned greedily, largest tensor
  * first, to the rank holding the fewest bytes so far (ties: the lower index, the lower rank),
- * the same on every rank. A rank creates its optimizer over the tensors it owns only, steps
- * them with the all-reduced gradients, and each owner then broadcasts its updated tensors.
+ * the same on every rank. Each gradient is reduced to its owner only (comm_det_reduce: the
+ * rank-ordered sum all_reduce does, half the traffic); a rank creates its optimizer over the
+ * tensors it owns only, steps them, and each owner then broadcasts its updated tensors.
  * Every parameter sees exactly the arithmetic it would see unsharded (the same reduced
  * gradient, the same rule, its own state), so the run is bitwise the same as without
- * sharding. A checkpoint gathers the state to rank 0 and writes it in the unsharded layout
+ * sharding. With dp > 1, sharded or not, the gradient norm is the sum in parameter order of
+ * each tensor's sum of squares, computed by its owner (one number per tensor exchanged), so
+ * both give the same bits; the other ranks' copies of a tensor's gradient are left partial. A checkpoint gathers the state to rank 0 and writes it in the unsharded layout
  * (parameter order), so the file does not depend on the plan. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm_reduce.h"
 #include "plugin/sinks.h"
 #include "train/train_internal.h"
 #include "util/log.h"
@@ -90,6 +94,42 @@ int shard_publish(rank_ctx *c, k3rt_error *err)
         K3RT_TRY(k3rt_broadcast(c->dp, c->stream, m->params[i].master.data,
                                 m->params[i].numel, m->master_dtype, c->owner[i], err));
     return K3RT_OK;
+}
+
+int shard_reduce_grads(rank_ctx *c, k3rt_error *err)
+{
+    model *m = &c->m;
+    for (int i = 0; i < m->n_params; i++)
+        K3RT_TRY(comm_det_reduce(c->dp, m->params[i].grad.data, m->params[i].grad.data,
+                                 m->params[i].numel, m->master_dtype, K3RT_REDUCE_AVG,
+                                 c->owner[i], err));
+    return K3RT_OK;
+}
+
+int shard_grad_sum_squares(rank_ctx *c, double *ss, k3rt_error *err)
+{
+    model *m = &c->m;
+    if (c->r->dp == 1)
+        return k3rt_sum_squares(c->stream, m->master_dtype, m->grad_buf, m->total_numel, ss,
+                                err);
+    double *part = calloc((size_t)m->n_params + 1, sizeof *part);
+    if (!part)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    int rc = K3RT_OK;
+    for (int i = 0; i < m->n_params && !rc; i++)
+        if (c->owner[i] == c->rank)
+            rc = k3rt_sum_squares(c->stream, m->master_dtype, m->params[i].grad.data,
+                                  m->params[i].numel, &part[i], err);
+    /* the other ranks hold 0 for a tensor they do not own, and x + 0 is x: the exchange is
+     * exact, so every rank gets the owners' partial sums */
+    if (!rc && c->sharded)
+        rc = k3rt_all_reduce(c->dp, c->stream, part, part, m->n_params, K3RT_F64,
+                             K3RT_REDUCE_SUM, err);
+    *ss = 0.0;
+    for (int i = 0; i < m->n_params && !rc; i++)
+        *ss += part[i];
+    free(part);
+    return rc;
 }
 
 void shard_free(rank_ctx *c)
