@@ -346,15 +346,9 @@ static int maybe_checkpoint(rank_ctx *c, int64_t step, k3rt_error *err)
         return K3RT_OK;
     }
     K3RT_TRY(replicas_agree(c, step, err));
-    struct k3rt_tensor_sink gathered;
-    char **keep = NULL;
-    memset(&gathered, 0, sizeof gathered);
-    if (c->sharded)
-        K3RT_TRY(shard_gather_state(c, &gathered, &keep, err));
-    c->opt_state = c->sharded ? &gathered : NULL;
-    int rc = c->rank == 0 ? ckpt_save_run(c, step, err) : K3RT_OK;
-    c->opt_state = NULL;
-    shard_release(c, &gathered, keep);
+    int rc = c->sharded        ? ckpt_save_sharded(c, step, err)
+             : c->rank == 0    ? ckpt_save_run(c, step, NULL, NULL, NULL, err)
+                               : K3RT_OK;
     if (r->dp > 1) {
         int64_t ok = rc == K3RT_OK;
         K3RT_TRY(k3rt_broadcast(c->comm, c->stream, &ok, 1, K3RT_I64, 0, err));
