@@ -4,7 +4,8 @@
 #    so does ZeRO-1 (plan.shard_optimizer), which really splits the optimizer state: one
 #    shard file per rank at a checkpoint, which an unsharded --resume reads by name (bitwise
 #    equal again); a missing shard is named and --resume falls back a step (bitwise equal
-#    again); a corrupt one is refused naming the file;
+#    again); a corrupt one is refused naming the file; ranks killed after writing their shards
+#    leave the step uncommitted and --resume ends bitwise equal;
 #  - --resume with another plan.dp is refused by name;
 #  - SIGKILL of rank 1 under k3rt launch: the launcher exits non-zero within 60 s naming the
 #    rank, its pid, the signal and the step; a --resume afterwards ends bitwise equal to the
@@ -70,6 +71,17 @@ fi
 grep -q "$final/optimizer.rank1.safetensors: tensor .* the file is corrupt" "$work/broken.log" ||
   { echo "FAIL: the corrupt shard is not named:"; cat "$work/broken.log"; exit 1; }
 echo "  $(grep -m1 -o "optimizer.rank1.safetensors: tensor .*corrupt" "$work/broken.log")"
+
+echo "ZeRO-1 ranks killed after writing their shards of step 4: no commit; --resume"
+K3RT_FAULT=ckpt.shard:4 "$bin" launch -n 2 "${moe[@]}" --set plan.shard_optimizer=true \
+  --out "$work/cut" >"$work/cut.log" 2>&1 && { echo "FAIL: no rank was killed"; exit 1; }
+[ -d "$work/cut/$final.tmp" ] && [ ! -e "$work/cut/$final" ] ||
+  { echo "FAIL: step 4 committed without its ranks"; ls "$work/cut/checkpoints"; exit 1; }
+echo "  $(ls "$work/cut/$final.tmp" | tr '\n' ' ')left uncommitted in $(basename "$final").tmp"
+"$bin" launch -n 2 "${moe[@]}" --set plan.shard_optimizer=true --out "$work/cut" --resume \
+  >>"$work/cut.log" 2>&1 || { cat "$work/cut.log"; exit 1; }
+$compare "$work/local/metrics.jsonl" "$work/cut/metrics.jsonl" bitwise | sed 's/^/  /'
+same_checkpoint "$work/local" "$work/cut"
 
 echo "--resume with plan.dp = 1 of a dp = 2 run is refused"
 if "$bin" train "${moe[@]}" --set plan.dp=1 --out "$work/zero" --resume >"$work/re.log" 2>&1; then
