@@ -159,3 +159,38 @@ int comm_det_reduce_scatter(k3rt_comm *c, const void *send, void *recv, int64_t 
         k3rt_error_prefix(err, "reduce_scatter: ");
     return rc;
 }
+
+int comm_det_reduce(k3rt_comm *c, const void *send, void *recv, int64_t count, int dtype,
+                    int op, int root, k3rt_error *err)
+{
+    if (root < 0 || root >= c->size)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "reduce: bad root %d (%d ranks)", root,
+                         c->size);
+    if (c->size == 1)
+        return comm_det_all_reduce(c, send, recv, count, dtype, op, err);
+    size_t es = k3rt_dtype_size(dtype);
+    int64_t seg = count < DET_SEGMENT ? count : DET_SEGMENT;
+    det_plan p = {0};
+    K3RT_TRY(plan_alloc(&p, c->size, err));
+    /* only the root receives: every rank's segment, slice q from rank q, summed in rank order */
+    char *parts = c->rank == root ? malloc((size_t)seg * (size_t)c->size * es + 1) : NULL;
+    int rc = parts || c->rank != root ? K3RT_OK
+                                      : k3rt_fail(err, K3RT_ERR_NOMEM, "reduce: out of memory");
+    for (int64_t at = 0; at < count && !rc; at += seg) {
+        int64_t n = count - at < seg ? count - at : seg;
+        for (int q = 0; q < c->size; q++) {
+            p.sc[q] = q == root ? n : 0;
+            p.sd[q] = 0;
+            p.rc[q] = c->rank == root ? n : 0;
+            p.rd[q] = c->rank == root ? (int64_t)q * n : 0;
+        }
+        rc = c->ops->all_to_all_v(c, (const char *)send + (size_t)at * es, p.sc, p.sd, parts,
+                                  p.rc, p.rd, dtype, err);
+        if (!rc && c->rank == root)
+            rc = sum_slices(c, parts, n, dtype, op, (char *)recv + (size_t)at * es, err);
+    }
+    free(parts), free(p.sc);
+    if (rc)
+        k3rt_error_prefix(err, "reduce: ");
+    return rc;
+}

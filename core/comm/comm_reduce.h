@@ -21,5 +21,10 @@ int comm_det_all_reduce(k3rt_comm *c, const void *send, void *recv, int64_t coun
                         int op, k3rt_error *err);
 int comm_det_reduce_scatter(k3rt_comm *c, const void *send, void *recv, int64_t count,
                             int dtype, int op, k3rt_error *err);
+/* The sum (op) of every rank's send in rank order, into the root's recv only (other ranks'
+ * recv is left alone): the same bits all_reduce gives, for half its traffic and no copy on
+ * the other ranks (ZeRO-1 reduces each gradient to the rank owning its optimizer state). */
+int comm_det_reduce(k3rt_comm *c, const void *send, void *recv, int64_t count, int dtype,
+                    int op, int root, k3rt_error *err);
 
 #endif

@@ -3,6 +3,7 @@
  *   <root>/step_00000100/            a complete checkpoint
  *       model.safetensors             parameters (names and [out, in] layout of DESIGN.md)
  *       state.safetensors             optimizer, balancer and other plugin state
+ *       optimizer.rank<q>.safetensors ZeRO-1: rank q's optimizer state (then not in state.*)
  *       manifest.json                 recipe text + hash, plugins, plan, step, RNG, data cursor,
  *                                     mid-run changes (written by the trainer)
  *       DONE                          written last, before the directory is renamed into place

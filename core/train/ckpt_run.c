@@ -31,30 +31,24 @@ static void named_state_free(named_state *s)
     memset(s, 0, sizeof *s);
 }
 
-/* opt may be NULL (a model without its optimizer, e.g. for eval and sample). opt_items, when
- * given, stands for the optimizer's own state (ZeRO-1: gathered from every rank). */
-static int named_state_collect(model *m, rig *opt, const k3rt_tensor_sink *opt_items,
-                               named_state *s, k3rt_error *err)
+/* opt may be NULL (a model without its optimizer, e.g. for eval and sample); mods 0 leaves
+ * the modules out (a ZeRO-1 rank's optimizer shard). */
+static int named_state_collect(model *m, rig *opt, int mods, named_state *s, k3rt_error *err)
 {
-    int n = m->n_mods + (opt ? 1 : 0);
-    s->sinks = calloc((size_t)n, sizeof *s->sinks);
-    s->owners = calloc((size_t)n, sizeof *s->owners);
-    s->prefixes = calloc((size_t)n, sizeof *s->prefixes);
+    int first = mods ? 0 : m->n_mods, n = m->n_mods + (opt ? 1 : 0) - first;
+    s->sinks = calloc((size_t)n + 1, sizeof *s->sinks);
+    s->owners = calloc((size_t)n + 1, sizeof *s->owners);
+    s->prefixes = calloc((size_t)n + 1, sizeof *s->prefixes);
     if (!s->sinks || !s->owners || !s->prefixes)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) {
+    for (int k = 0; k < n; k++) {
+        int i = first + k;
         rig *mod = i < m->n_mods ? &m->mods[i].r : opt;
-        s->owners[i] = mod;
-        snprintf(s->prefixes[i], sizeof s->prefixes[i], "%s",
+        s->owners[k] = mod;
+        snprintf(s->prefixes[k], sizeof s->prefixes[k], "%s",
                  i < m->n_mods ? m->mods[i].prefix : "optimizer.");
-        s->n = i + 1;
-        if (i == m->n_mods && opt_items) {
-            for (int k = 0; k < opt_items->n; k++)
-                K3RT_TRY(k3rt_tensor_sink_add(&s->sinks[i], opt_items->items[k].name,
-                                              opt_items->items[k].t, K3RT_STAT_LOCAL, err));
-            continue;
-        }
-        K3RT_TRY(rig_state(mod, &s->sinks[i], err));
+        s->n = k + 1;
+        K3RT_TRY(rig_state(mod, &s->sinks[k], err));
     }
     return K3RT_OK;
 }
@@ -124,11 +118,12 @@ static int write_weights(const model *m, const char *path, json_t **sums, k3rt_e
     return rc;
 }
 
-static int write_state(rank_ctx *c, const char *path, json_t **sums, k3rt_error *err)
+int ckpt_write_state(rank_ctx *c, const char *path, int mods, int opt, json_t **sums,
+                     k3rt_error *err)
 {
     named_state s;
     memset(&s, 0, sizeof s);
-    int rc = named_state_collect(&c->m, &c->opt, c->opt_state, &s, err);
+    int rc = named_state_collect(&c->m, opt ? &c->opt : NULL, mods, &s, err);
     int total = 0;
     for (int i = 0; i < s.n; i++)
         total += s.sinks[i].n;
@@ -156,17 +151,22 @@ static int write_state(rank_ctx *c, const char *path, json_t **sums, k3rt_error 
     return rc;
 }
 
-int ckpt_save_run(rank_ctx *c, int64_t step, k3rt_error *err)
+int ckpt_save_run(rank_ctx *c, int64_t step, const char *begun, json_t *shards,
+                  json_t *shard_sums, k3rt_error *err)
 {
     run *r = c->r;
     char dir[1200], path[1300];
     json_t *wsums = NULL, *ssums = NULL;
-    K3RT_TRY(ckpt_begin(r->ckpt_root, step, dir, sizeof dir, err));
+    if (begun)
+        snprintf(dir, sizeof dir, "%s", begun);
+    else
+        K3RT_TRY(ckpt_begin(r->ckpt_root, step, dir, sizeof dir, err));
     int rc = write_weights(&c->m, fs_join(path, sizeof path, dir, "model.safetensors"), &wsums,
                            err);
     fault_point("ckpt.weights", step);
     if (!rc)
-        rc = write_state(c, fs_join(path, sizeof path, dir, "state.safetensors"), &ssums, err);
+        rc = ckpt_write_state(c, fs_join(path, sizeof path, dir, "state.safetensors"), 1,
+                              !shards, &ssums, err);
     fault_point("ckpt.state", step);
     if (rc) {
         json_decref(wsums);
@@ -188,6 +188,10 @@ int ckpt_save_run(rank_ctx *c, int64_t step, k3rt_error *err)
                         ? r->result.final_val_loss : -1.0,
         "tensors", "model.safetensors", wsums, "state.safetensors", ssums);
     pthread_mutex_unlock(&r->lock);
+    if (man && shards) {
+        json_object_set(man, "optimizer_shards", shards);
+        json_object_update(json_object_get(man, "tensors"), shard_sums);
+    }
     char *text = man ? json_dumps(man, JSON_INDENT(1) | JSON_REAL_PRECISION(17)) : NULL;
     json_decref(man);
     if (!text)
@@ -251,18 +255,35 @@ int ckpt_load_weights(model *m, const char *path, k3rt_error *err)
     return rc;
 }
 
-int ckpt_load_states(model *m, rig *opt, const char *path, k3rt_error *err)
+/* Restores every state tensor of the modules (mods) and of opt from the first of the n files
+ * that holds it (ZeRO-1 shards: the optimizer state of a parameter is in its owner's file,
+ * whatever this rank now owns). */
+static int load_named(model *m, rig *opt, int mods, char (*paths)[1300], int n,
+                      k3rt_error *err)
 {
-    st_file *f;
-    K3RT_TRY(st_open(path, &f, err));
+    st_file **f = calloc((size_t)n, sizeof *f);
+    if (!f)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    int rc = K3RT_OK;
+    for (int q = 0; q < n && !rc; q++)
+        rc = st_open(paths[q], &f[q], err);
     named_state s;
     memset(&s, 0, sizeof s);
-    int rc = named_state_collect(m, opt, NULL, &s, err);
+    if (!rc)
+        rc = named_state_collect(m, opt, mods, &s, err);
     for (int i = 0; i < s.n && !rc; i++) {
         for (int j = 0; j < s.sinks[i].n && !rc; j++) {
             char name[208];
             snprintf(name, sizeof name, "%s%s", s.prefixes[i], s.sinks[i].items[j].name);
-            rc = restore(f, path, name, s.sinks[i].items[j].t, m->opt.stream, err);
+            int q = 0;
+            while (q < n - 1 && !st_find(f[q], name))
+                q++;
+            if (n > 1 && !st_find(f[q], name))
+                rc = k3rt_fail(err, K3RT_ERR_FORMAT, "%s: none of the %d optimizer shards "
+                               "holds %s (the model or optimizer differs from the one that "
+                               "wrote them)", paths[0], n, name);
+            else
+                rc = restore(f[q], paths[q], name, s.sinks[i].items[j].t, m->opt.stream, err);
         }
         if (!rc)
             rc = k3rt_stream_sync(m->opt.stream, err);  /* the copies landed */
@@ -270,8 +291,18 @@ int ckpt_load_states(model *m, rig *opt, const char *path, k3rt_error *err)
             rc = rig_state_loaded(s.owners[i], err);
     }
     named_state_free(&s);
-    st_close(f);
+    for (int q = 0; q < n; q++)
+        if (f[q])
+            st_close(f[q]);
+    free(f);
     return rc;
+}
+
+int ckpt_load_states(model *m, rig *opt, const char *path, k3rt_error *err)
+{
+    char p[1][1300];
+    snprintf(p[0], sizeof p[0], "%s", path);
+    return load_named(m, opt, 1, p, 1, err);
 }
 
 int ckpt_load_run(rank_ctx *c, k3rt_error *err)
@@ -280,8 +311,25 @@ int ckpt_load_run(rank_ctx *c, k3rt_error *err)
     char path[1300];
     K3RT_TRY(ckpt_load_weights(&c->m, fs_join(path, sizeof path, r->resume_dir,
                                               "model.safetensors"), err));
-    return ckpt_load_states(&c->m, &c->opt, fs_join(path, sizeof path, r->resume_dir,
-                                                   "state.safetensors"), err);
+    int n;
+    K3RT_TRY(ckpt_shard_count(r->resume_dir, r->manifest, &n, err));
+    if (!n)
+        return ckpt_load_states(&c->m, &c->opt, fs_join(path, sizeof path, r->resume_dir,
+                                                       "state.safetensors"), err);
+    /* ZeRO-1 checkpoint: the modules' state from state.safetensors, the optimizer's from the
+     * shards, looked up by name, so any plan of owners (or none) resumes from it */
+    K3RT_TRY(ckpt_load_states(&c->m, NULL, fs_join(path, sizeof path, r->resume_dir,
+                                                  "state.safetensors"), err));
+    char(*paths)[1300] = calloc((size_t)n, sizeof *paths);
+    if (!paths)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    for (int q = 0; q < n; q++) {
+        char name[64];
+        fs_join(paths[q], sizeof paths[q], r->resume_dir, ckpt_shard_name(q, name, sizeof name));
+    }
+    int rc = load_named(&c->m, &c->opt, 0, paths, n, err);
+    free(paths);
+    return rc;
 }
 
 int ckpt_check_compatible(run *r, k3rt_error *err)

@@ -118,18 +118,62 @@ static int verify_file(const char *dir, const char *name, const json_t *sums, k3
     return rc;
 }
 
+const char *ckpt_shard_name(int q, char *buf, size_t len)
+{
+    snprintf(buf, len, "optimizer.rank%d.safetensors", q);
+    return buf;
+}
+
+int ckpt_shard_count(const char *dir, const json_t *m, int *n, k3rt_error *err)
+{
+    const json_t *sh = json_object_get(m, "optimizer_shards");
+    *n = 0;
+    if (!sh)
+        return K3RT_OK;
+    const json_t *files = json_object_get(sh, "files");
+    const json_t *dp = json_object_get(sh, "dp");
+    if (!json_is_object(sh) || !json_is_array(files) || !json_is_integer(dp) ||
+        json_integer_value(dp) != (json_int_t)json_array_size(files) ||
+        json_array_size(files) < 1 || json_array_size(files) > 65536)
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s/manifest.json: \"optimizer_shards\" must "
+                         "be {\"dp\": N, \"files\": [N file names], ...} with 1 <= N <= "
+                         "65536", dir);
+    for (size_t q = 0; q < json_array_size(files); q++) {
+        char want[64];
+        const char *got = json_string_value(json_array_get(files, q));
+        if (!got || strcmp(got, ckpt_shard_name((int)q, want, sizeof want)))
+            return k3rt_fail(err, K3RT_ERR_FORMAT, "%s/manifest.json: optimizer_shards.files[%zu] "
+                             "is %s%s%s, expected \"%s\"", dir, q, got ? "\"" : "",
+                             got ? got : "not a string", got ? "\"" : "", want);
+    }
+    *n = (int)json_array_size(files);
+    return K3RT_OK;
+}
+
+/* One file of the checkpoint against its checksums (when the manifest has them). */
+static int verify_listed(const char *dir, const json_t *tensors, const char *name,
+                         k3rt_error *err)
+{
+    const json_t *sums = tensors ? json_object_get(tensors, name) : NULL;
+    if (tensors && !sums)
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s/manifest.json: no checksums for %s", dir,
+                         name);
+    return verify_file(dir, name, sums, err);
+}
+
 int ckpt_verify(const char *dir, const json_t *m, k3rt_error *err)
 {
     const json_t *tensors = json_object_get(m, "tensors");
     if (tensors && !json_is_object(tensors))
         return k3rt_fail(err, K3RT_ERR_FORMAT, "%s/manifest.json: \"tensors\" must be an "
                          "object", dir);
-    for (int i = 0; i < 2; i++) {
-        const json_t *sums = tensors ? json_object_get(tensors, FILES[i]) : NULL;
-        if (tensors && !sums)
-            return k3rt_fail(err, K3RT_ERR_FORMAT, "%s/manifest.json: no checksums for %s", dir,
-                             FILES[i]);
-        K3RT_TRY(verify_file(dir, FILES[i], sums, err));
+    for (int i = 0; i < 2; i++)
+        K3RT_TRY(verify_listed(dir, tensors, FILES[i], err));
+    int shards;
+    K3RT_TRY(ckpt_shard_count(dir, m, &shards, err));
+    for (int q = 0; q < shards; q++) {
+        char name[64];
+        K3RT_TRY(verify_listed(dir, tensors, ckpt_shard_name(q, name, sizeof name), err));
     }
     return K3RT_OK;
 }

@@ -15,6 +15,13 @@
 
 #include "train/safetensors.h"
 
+/* ZeRO-1 checkpoints: the optimizer state is in one file per data-parallel rank, named
+ * ckpt_shard_name(q), listed in the manifest's "optimizer_shards": {"dp": N, "files": [...],
+ * "owners": [...]} (files[q] must be ckpt_shard_name(q), so a manifest cannot point outside
+ * its directory). */
+const char *ckpt_shard_name(int q, char *buf, size_t len);
+/* *n = the number of shard files the manifest lists (0: none, the state is unsharded). */
+int ckpt_shard_count(const char *dir, const json_t *m, int *n, k3rt_error *err);
 /* {name: "crc32:..."} of n entries as they will be written. */
 json_t *ckpt_checksums(const st_entry *entries, int n);
 /* Checks the files of checkpoint dir against manifest m (see above). A manifest without

@@ -61,8 +61,6 @@ typedef struct rank_ctx {
     int sharded, n_own;
     int *owner, *own;
     k3rt_param_ref *own_refs;
-    const struct k3rt_tensor_sink *opt_state; /* set while a sharded checkpoint is written:
-                                                 the optimizer state gathered from all ranks */
     float *max_logits;            /* per parameter with qk_clip: [heads] */
     int bad_in_row;
     double interval_loss;
@@ -91,18 +89,16 @@ void status_step(run *r, int64_t step);
 void status_close(run *r);
 /* train_shard.c: ZeRO-1. shard_setup assigns the owners (every parameter to this rank when
  * sharding is off); shard_refs is the refs of this rank's parameters for its optimizer;
- * shard_publish (sharded runs only) broadcasts each updated parameter from its owner; shard_gather_state
- * (collective) gives rank 0 every rank's optimizer state in parameter order, the layout an
- * unsharded run writes (shard_release frees it). */
+ * shard_publish (sharded runs only) broadcasts each updated parameter from its owner. */
 int shard_on(const run *r);
 int shard_setup(rank_ctx *c, k3rt_error *err);
 const k3rt_param_ref *shard_refs(rank_ctx *c);
 int shard_publish(rank_ctx *c, k3rt_error *err);
+/* The data-parallel gradient average: to each tensor's owner (sharded), or to every rank. */
+int shard_reduce_grads(rank_ctx *c, k3rt_error *err);
+/* The squared gradient norm every rank agrees on (see train_shard.c for its order). */
+int shard_grad_sum_squares(rank_ctx *c, double *ss, k3rt_error *err);
 void shard_free(rank_ctx *c);
-int shard_gather_state(rank_ctx *c, struct k3rt_tensor_sink *out, char ***keep,
-                       k3rt_error *err);
-void shard_release(rank_ctx *c, struct k3rt_tensor_sink *s, char **keep);
-
 /* train_replicas.c: every data-parallel rank holds the same weights (an error naming the
  * first rank that differs otherwise). */
 int replicas_agree(rank_ctx *c, int64_t step, k3rt_error *err);
@@ -117,7 +113,19 @@ void rank_free(rank_ctx *c);
 void *rank_main(void *arg);
 
 /* ckpt_run.c */
-int ckpt_save_run(rank_ctx *c, int64_t step, k3rt_error *err);
+/* Rank 0: weights, state and manifest into a new step directory, then the commit. begun:
+ * the step_N.tmp directory already made (ZeRO-1: the ranks' shards are in it), or NULL;
+ * shards: the manifest's "optimizer_shards" (NULL: the optimizer state goes into
+ * state.safetensors), shard_sums: {file: checksums} of the shards. */
+int ckpt_save_run(rank_ctx *c, int64_t step, const char *begun, json_t *shards,
+                  json_t *shard_sums, k3rt_error *err);
+/* One safetensors file of this rank's state: the modules' (mods), the optimizer's (opt), under
+ * the names of state.safetensors; *sums gets its checksums. */
+int ckpt_write_state(rank_ctx *c, const char *path, int mods, int opt, json_t **sums,
+                     k3rt_error *err);
+/* ckpt_shard.c (collective, sharded runs): every rank writes its optimizer shard into
+ * step_N.tmp, rank 0 commits the step once all are on disk. */
+int ckpt_save_sharded(rank_ctx *c, int64_t step, k3rt_error *err);
 int ckpt_load_run(rank_ctx *c, k3rt_error *err);
 /* Checks a resumed manifest against the run: plan, plugins (model shape is checked when the
  * weights load). */

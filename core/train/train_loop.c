@@ -116,13 +116,17 @@ static int train_step(rank_ctx *c, int64_t step, int32_t *in, int32_t *tg, step_
                                   1.0 / (double)r->accum, &ls, err));
         sums[0] += ls / (double)(N * r->accum);
     }
-    K3RT_TRY(all_reduce(c, m->grad_buf, m->total_numel, m->master_dtype, K3RT_REDUCE_AVG, err));
+    if (c->sharded)
+        PROF_TRY(m->prof, PROF_COMM, shard_reduce_grads(c, err));
+    else
+        K3RT_TRY(all_reduce(c, m->grad_buf, m->total_numel, m->master_dtype, K3RT_REDUCE_AVG,
+                            err));
     PROF_TRY(m->prof, PROF_STATS, gather_stats(c, err));  /* also brings the auxiliary loss */
     sums[1] = m->aux_loss / (double)r->accum;
     K3RT_TRY(all_reduce(c, sums, 2, K3RT_F64, K3RT_REDUCE_AVG, err));
     double ss;
     K3RT_TRY(prof_begin(m->prof, PROF_GRAD_NORM, err));
-    K3RT_TRY(k3rt_sum_squares(c->stream, m->master_dtype, m->grad_buf, m->total_numel, &ss, err));
+    K3RT_TRY(shard_grad_sum_squares(c, &ss, err));
     /* CUDA kernels record an out-of-range token instead of trapping; the gradient norm has
      * just synchronised the stream, so reading the flag here costs nothing. */
     K3RT_TRY(k3rt_stream_index_error(c->stream, err));
@@ -342,15 +346,9 @@ static int maybe_checkpoint(rank_ctx *c, int64_t step, k3rt_error *err)
         return K3RT_OK;
     }
     K3RT_TRY(replicas_agree(c, step, err));
-    struct k3rt_tensor_sink gathered;
-    char **keep = NULL;
-    memset(&gathered, 0, sizeof gathered);
-    if (c->sharded)
-        K3RT_TRY(shard_gather_state(c, &gathered, &keep, err));
-    c->opt_state = c->sharded ? &gathered : NULL;
-    int rc = c->rank == 0 ? ckpt_save_run(c, step, err) : K3RT_OK;
-    c->opt_state = NULL;
-    shard_release(c, &gathered, keep);
+    int rc = c->sharded        ? ckpt_save_sharded(c, step, err)
+             : c->rank == 0    ? ckpt_save_run(c, step, NULL, NULL, NULL, err)
+                               : K3RT_OK;
     if (r->dp > 1) {
         int64_t ok = rc == K3RT_OK;
         K3RT_TRY(k3rt_broadcast(c->comm, c->stream, &ok, 1, K3RT_I64, 0, err));

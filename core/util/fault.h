@@ -2,7 +2,8 @@
  * (SIGKILL, as `kill -9` would) when it reaches that point at that step, e.g.
  * K3RT_FAULT=ckpt.done:6 between writing a checkpoint's DONE marker and renaming its folder
  * into place. Points: ckpt.weights, ckpt.state, ckpt.manifest (after each file of a
- * checkpoint), ckpt.done, ckpt.renamed (around the commit's rename). Unset: nothing happens. */
+ * checkpoint), ckpt.shard (after a ZeRO-1 rank's optimizer shard), ckpt.done, ckpt.renamed
+ * (around the commit's rename). Unset: nothing happens. */
 #ifndef K3RT_UTIL_FAULT_H
 #define K3RT_UTIL_FAULT_H
 

@@ -7,9 +7,14 @@
       relative rms difference of the loss and of the grad_norm columns <= TOL each
   dist_compare.py A/model.safetensors B/model.safetensors weights TOL
       relative rms difference of all f32/f64 tensors together <= TOL
+  dist_compare.py A/step_N B/step_N state
+      the state of two checkpoints (state.safetensors plus the ZeRO-1 shards
+      optimizer.rank*.safetensors, whichever each has) holds the same tensors, byte for byte
 Prints the numbers it compared; exits 1 on a mismatch."""
 import array
+import glob
 import json
+import os
 import math
 import struct
 import sys
@@ -27,6 +32,35 @@ def tensors(path):
         out[name] = array.array("f" if t["dtype"] == "F32" else "d", data[8 + n + lo:8 + n + hi])
     return out
 
+
+def raw(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    head = json.loads(data[8:8 + n])
+    return {name: (t["dtype"], t["shape"], data[8 + n + t["data_offsets"][0]:8 + n + t["data_offsets"][1]])
+            for name, t in head.items() if name != "__metadata__"}
+
+
+def state(folder):
+    out = raw(os.path.join(folder, "state.safetensors"))
+    shards = sorted(glob.glob(os.path.join(folder, "optimizer.rank*.safetensors")))
+    for f in shards:
+        for name, t in raw(f).items():
+            if name in out and out[name] != t:
+                sys.exit(f"{f}: {name} differs from another file of the checkpoint")
+            out[name] = t
+    return out, len(shards)
+
+
+if sys.argv[3] == "state":
+    (a, na), (b, nb) = state(sys.argv[1]), state(sys.argv[2])
+    if sorted(a) != sorted(b) or not a:
+        sys.exit(f"the states hold different tensors: {sorted(set(a) ^ set(b))[:5]}")
+    bad = [k for k in a if a[k] != b[k]]
+    if bad:
+        sys.exit(f"state differs: {len(bad)} of {len(a)} tensors, first {bad[0]}")
+    print(f"state: {len(a)} tensors byte for byte equal ({na} vs {nb} optimizer shard files)")
+    sys.exit(0)
 
 if sys.argv[3] == "weights":
     a, b, tol = tensors(sys.argv[1]), tensors(sys.argv[2]), float(sys.argv[4])

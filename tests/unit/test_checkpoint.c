@@ -5,6 +5,7 @@
 
 #include "testutil/testutil.h"
 #include "train/ckpt_dir.h"
+#include "train/ckpt_verify.h"
 #include "util/fs.h"
 
 static char g_root[512];
@@ -263,6 +264,44 @@ END_TEST
 
 /* ---- sha256 --------------------------------------------------------------------------------- */
 
+/* The manifest's list of ZeRO-1 shards: exactly optimizer.rank0..N-1, or refused by name. */
+START_TEST(test_shard_list)
+{
+    static const struct {
+        const char *json;
+        int n;       /* shards, or -1: refused */
+        const char *says;
+    } cases[] = {
+        {"{}", 0, NULL},
+        {"{\"optimizer_shards\": {\"dp\": 2, \"files\": [\"optimizer.rank0.safetensors\", "
+         "\"optimizer.rank1.safetensors\"]}}", 2, NULL},
+        {"{\"optimizer_shards\": {\"dp\": 2, \"files\": [\"optimizer.rank0.safetensors\", "
+         "\"../../model.safetensors\"]}}", -1, "files[1] is \"../../model.safetensors\", "
+         "expected \"optimizer.rank1.safetensors\""},
+        {"{\"optimizer_shards\": {\"dp\": 3, \"files\": [\"optimizer.rank0.safetensors\"]}}",
+         -1, "must be {\"dp\": N"},
+        {"{\"optimizer_shards\": {\"dp\": 1, \"files\": [7]}}", -1, "is not a string"},
+        {"{\"optimizer_shards\": {\"dp\": 0, \"files\": []}}", -1, "1 <= N"},
+        {"{\"optimizer_shards\": []}", -1, "must be"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *m = json_loads(cases[i].json, 0, NULL);
+        ck_assert_ptr_nonnull(m);
+        k3rt_error err = {0};
+        int n = 99, rc = ckpt_shard_count("ck", m, &n, &err);
+        if (cases[i].n >= 0) {
+            ck_assert_msg(rc == K3RT_OK, "case %zu: %s", i, err.msg);
+            ck_assert_int_eq(n, cases[i].n);
+        } else {
+            ck_assert_int_eq(rc, K3RT_ERR_FORMAT);
+            ck_assert_msg(strstr(err.msg, cases[i].says) && strstr(err.msg, "ck/manifest.json"),
+                          "case %zu: %s", i, err.msg);
+        }
+        json_decref(m);
+    }
+}
+END_TEST
+
 START_TEST(test_sha256_vectors)
 {
     char h[65];
@@ -322,6 +361,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_same_step_replaced);
     tcase_add_test(tc, test_resolve);
     tcase_add_test(tc, test_manifest);
+    tcase_add_test(tc, test_shard_list);
     tcase_add_test(tc, test_sha256_vectors);
     tcase_add_test(tc, test_sha256_lengths);
     suite_add_tcase(s, tc);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "comm/comm_impl.h"
+#include "comm/comm_reduce.h"
 #include "comm/comm_tcp.h"
 #include "testutil/testutil.h"
 
@@ -94,9 +95,9 @@ static void *rank_body(void *arg)
     EXPECT(j, k3rt_send(c, NULL, &out, 1, K3RT_I32, r, &err) == K3RT_ERR_INVALID);
     /* a long vector not divisible by the ranks (the sliced path of comm_reduce.c) */
     enum { LONG = 10007 };
-    float *big = malloc(LONG * sizeof *big);
+    float *big = malloc(LONG * sizeof *big), *mine_in = malloc(LONG * sizeof *big);
     for (int i = 0; i < LONG; i++)
-        big[i] = (float)((i * 37 + r * 11) % 101) / 7.0f;
+        mine_in[i] = big[i] = (float)((i * 37 + r * 11) % 101) / 7.0f;
     EXPECT(j, k3rt_all_reduce(c, NULL, big, big, LONG, K3RT_F32, K3RT_REDUCE_AVG, &err) == 0);
     int exact = 1;
     for (int i = 0; i < LONG; i++) {
@@ -106,7 +107,15 @@ static void *rank_body(void *arg)
         exact &= big[i] == want / (float)n;
     }
     EXPECT(j, exact);
-    free(big);
+    /* reduce to rank 1 in place (ZeRO-1's gradients): all_reduce's bits there, the other
+     * ranks' buffers untouched */
+    float *kept = malloc(LONG * sizeof *kept);
+    memcpy(kept, mine_in, LONG * sizeof *kept);
+    EXPECT(j, comm_det_reduce(c, mine_in, mine_in, LONG, K3RT_F32, K3RT_REDUCE_AVG, 1, &err) == 0);
+    EXPECT(j, !memcmp(mine_in, r == 1 ? big : kept, LONG * sizeof *big));
+    EXPECT(j, comm_det_reduce(c, mine_in, mine_in, 1, K3RT_F32, K3RT_REDUCE_SUM, n, &err) ==
+                  K3RT_ERR_INVALID);
+    free(big), free(mine_in), free(kept);
     return NULL;
 }
 
