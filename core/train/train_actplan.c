@@ -76,7 +76,10 @@ void train_print_act_plan(const run *r)
 int train_act_record(rank_ctx *c, int64_t step, k3rt_error *err)
 {
     const actman *am = c->m.am;
-    if (c->rank != 0 || !am || !c->r->metrics)
+    /* Only runs that place activations (a budget or plan.activations): a run's other records
+     * are one per step, which readers such as kill_resume.sh count on. */
+    const json_t *pol = json_object_get(json_object_get(c->r->doc, "plan"), "activations");
+    if (c->rank != 0 || !am || !c->r->metrics || (!c->r->act_plan && !json_object_size(pol)))
         return K3RT_OK;
     json_t *a = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "peak_bytes",
                           (json_int_t)actman_peak_bytes(am), "region_bytes",

@@ -61,7 +61,7 @@ START_TEST(budget_mixes_policies_and_keeps_losses)
     tu_tmpdir(keep, sizeof keep);
     tu_tmpdir(planned, sizeof planned);
     char *log = NULL;
-    int rc = train(keep, "", &log);
+    int rc = train(keep, "--set 'plan.activations={[\"*\"]=\"keep\"}'", &log);
     ck_assert_msg(rc == 0, "keep run failed:\n%s", log);
     free(log);
     snprintf(extra, sizeof extra, "--set plan.memory_budget=%.0f", BUDGET);
