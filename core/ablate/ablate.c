@@ -54,7 +54,7 @@ static int check_variants(ablate_ctx *c, k3rt_error *err)
         plan_options po = {c->suite.base, r->sets, r->n_sets, c->o->plugin_path,
                            (int)(get_int(doc, "plan", "dp") * get_int(doc, "plan", "ep") *
                                  get_int(doc, "plan", "cp")),
-                           141e9, 8};
+                           141e9, 8, 0, 0};
         plan_report pr;
         rc = plan_compute(&po, &pr, err);
         if (rc)

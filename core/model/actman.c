@@ -207,8 +207,36 @@ static void lay_out(actman *am)
     am->n_slots = am->n_moved < want ? am->n_moved : want;
 }
 
+/* The planner's choice: exact names, only classes the recipe left free. */
+static int apply_planned(actman *am, const json_t *planned, k3rt_error *err)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)planned, key, v) {
+        int pol = act_policy_parse(json_string_value(v)), hit = 0;
+        for (int i = 0; i < am->n_cls; i++) {
+            if (strcmp(key, am->cls[i].name))
+                continue;
+            hit = 1;
+            if (!am->cls[i].fixed && pol >= 0 && (pol != ACT_FP8 || am->cls[i].fp8_ok))
+                am->cls[i].policy = pol;
+        }
+        if (!hit || pol < 0)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "activations: the planner chose '%s' for "
+                             "'%s', which is not a saved-tensor class of this model",
+                             json_string_value(v) ? json_string_value(v) : "?", key);
+    }
+    return K3RT_OK;
+}
+
 int actman_plan(model *m, int64_t B, int64_t T, const json_t *policies, actman *am,
                 k3rt_error *err)
+{
+    return actman_plan_with(m, B, T, policies, NULL, am, err);
+}
+
+int actman_plan_with(model *m, int64_t B, int64_t T, const json_t *policies,
+                     const json_t *planned, actman *am, k3rt_error *err)
 {
     memset(am, 0, sizeof *am);
     am->n_mods = m->n_mods;
@@ -223,6 +251,8 @@ int actman_plan(model *m, int64_t B, int64_t T, const json_t *policies, actman *
         rc = collect(m, B, T, am, err);
     if (!rc && policies)
         rc = apply_policies(m, am, policies, err);
+    if (!rc && planned)
+        rc = apply_planned(am, planned, err);
     if (rc) {
         actman_free(am);
         return rc;
@@ -289,6 +319,8 @@ int actman_before_forward(model *m, int mi, k3rt_error *err)
     /* On a copy stream this would wait for the store of the slot's previous user
      * (moved - n_slots); on the compute stream the order is given. */
     point(m, mi, m->am->mods[mi].moved < 0 ? 0 : m->am->mods[mi].moved);
+    if (m->am->mods[mi].moved >= 0 && m->am->peak_slots < 1)
+        m->am->peak_slots = 1;  /* the forward writes into one slot at a time */
     return K3RT_OK;
 }
 
@@ -367,12 +399,15 @@ int actman_before_backward(model *m, int mi, int *recompute, k3rt_error *err)
     if (md->moved < 0)
         return K3RT_OK;
     int j = am->n_moved - 1 - md->moved;
+    am->late_loads += am->next_load <= j;
     /* Prefetch: this module's load and the next n_slots - 1 in backward order (their slots
      * are free: the modules that used them have finished their backward). */
     while (am->next_load < am->n_moved && am->next_load < j + am->n_slots)
         K3RT_TRY(load(m, am->next_load++, err));
     /* Load wait: on a copy stream, the compute stream waits for this slot's event here. */
     point(m, mi, j);
+    int held = am->next_load - j;  /* this module's slot and those loaded ahead */
+    am->peak_slots = held > am->peak_slots ? held : am->peak_slots;
     return K3RT_OK;
 }
 
@@ -388,4 +423,10 @@ void actman_print(const actman *am, FILE *f)
             (double)am->keep_bytes / (1 << 20), (double)am->scratch_bytes / (1 << 20),
             am->n_slots, am->n_slots == 1 ? "" : "s", (double)am->slot_bytes / (1 << 20),
             (double)am->fp8_bytes / (1 << 20), (double)am->host_bytes / (1 << 20));
+}
+
+int64_t actman_peak_bytes(const actman *am)
+{
+    return am->keep_bytes + (am->recomputes ? am->scratch_bytes : 0) +
+           (int64_t)am->peak_slots * am->slot_bytes + am->fp8_bytes;
 }

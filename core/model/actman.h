@@ -69,6 +69,11 @@ typedef struct actman {
     int next_load;           /* backward: the next moved module (backward order) to load */
     /* counters of the current shape */
     int64_t stores, loads, recomputes;
+    /* measured since actman_place: the most staging slots holding a module's parts at once,
+     * and reloads whose load was issued only when their backward needed it (not prefetched
+     * ahead: on a copy stream, the loads the backward would wait for) */
+    int peak_slots;
+    int64_t late_loads;
 } actman;
 
 /* The classes and parts of every token mixer and FFN at B x T, with the policies of
@@ -77,6 +82,10 @@ typedef struct actman {
  * a GPU run fail with a message naming the pattern and the classes. */
 int actman_plan(struct model *m, int64_t B, int64_t T, const json_t *policies, actman *am,
                 k3rt_error *err);
+/* The same with the activation planner's choice for the classes `policies` leaves free
+ * (`planned`: {exact class name: policy}, may be NULL; `k3rt train` under plan.memory_budget). */
+int actman_plan_with(struct model *m, int64_t B, int64_t T, const json_t *policies,
+                     const json_t *planned, actman *am, k3rt_error *err);
 /* Device bytes of the regions (what the model's arena holds for the modules' saved parts). */
 int64_t actman_device_bytes(const actman *am);
 /* Binds every module to the region at dev and allocates the host arena. */
@@ -93,5 +102,8 @@ int actman_before_backward(struct model *m, int mi, int *recompute, k3rt_error *
 
 /* The classes with their policies and the region sizes (`k3rt train --dry-run`). */
 void actman_print(const actman *am, FILE *f);
+/* Device bytes of the regions in use at the peak so far: kept parts, the recompute scratch
+ * once a module recomputed, the staging slots that held parts at once, the fp8 copies. */
+int64_t actman_peak_bytes(const actman *am);
 
 #endif

@@ -64,6 +64,8 @@ typedef struct model_options {
     int deterministic;
     const json_t *activations; /* plan.activations {class pattern: policy} or NULL (keep all);
                                   not owned, must outlive the model */
+    const json_t *planned;     /* the activation planner's {class: policy} for the classes
+                                  `activations` leaves free, or NULL (actman_plan_with) */
 } model_options;
 
 typedef struct model {

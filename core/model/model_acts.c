@@ -174,7 +174,7 @@ static int saved_bytes(model *m, int64_t B, int64_t T, int place, actman *am, in
                        int64_t *ws, k3rt_error *err)
 {
     K3RT_TRY(module_bytes(m, B, T, place, saved, ws, err));
-    K3RT_TRY(actman_plan(m, B, T, m->opt.activations, am, err));
+    K3RT_TRY(actman_plan_with(m, B, T, m->opt.activations, m->opt.planned, am, err));
     int bad = 0;
     int64_t own = *saved;
     *saved = ck_add(&bad, ck_align(&bad, own, 64), actman_device_bytes(am));

@@ -31,6 +31,8 @@ static int read_plan(const json_t *doc, const plan_options *o, plan_report *r, k
     r->gpus = o->gpus;
     r->gpu_mem = o->gpu_mem;
     r->node_gpus = o->node_gpus;
+    r->act_runtime = o->runtime;
+    r->act_no_fp8 = o->runtime && !o->runtime_fp8;
     if (o->gpus < 1 || o->node_gpus < 1 || !(o->gpu_mem > 0))
         return k3rt_fail(err, K3RT_ERR_INVALID, "plan: --gpus (%d), --node-gpus (%d) and "
                          "--gpu-mem (%g bytes) must be positive", o->gpus, o->node_gpus,
@@ -135,40 +137,40 @@ static int count_flops(model *m, plan_report *r, k3rt_error *err)
     return K3RT_OK;
 }
 
+int plan_compute_doc(const json_t *doc, registry *reg, const plan_options *o, plan_report *r,
+                     k3rt_error *err)
+{
+    memset(r, 0, sizeof *r);
+    model m;
+    K3RT_TRY(read_plan(doc, o, r, err));
+    model_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.dtype = K3RT_F32;
+    mo.device = K3RT_DEVICE_CPU;
+    mo.stream = k3rt_host_stream();
+    mo.seed = (uint64_t)get_int(json_object_get(doc, "train"), "seed");
+    K3RT_TRY(model_declare(&m, json_object_get(doc, "model"), reg, &mo, err));
+    describe_model(&m, o->recipe_path, r);
+    int rc = count_params(&m, r, err);
+    if (!rc)
+        rc = count_flops(&m, r, err);
+    if (!rc)
+        rc = plan_memory(&m, doc, reg, r, err);
+    if (!rc)
+        rc = plan_policies(&m, json_object_get(doc, "plan"), r, err);
+    model_free(&m);
+    return rc;
+}
+
 int plan_compute(const plan_options *o, plan_report *r, k3rt_error *err)
 {
     memset(r, 0, sizeof *r);
     registry reg;
     K3RT_TRY(registry_init(&reg, o->plugin_path, err));
     recipe *rec = NULL;
-    model m;
-    int declared = 0;
     int rc = recipe_load(o->recipe_path, &reg, o->overrides, o->n_overrides, NULL, &rec, err);
-    const json_t *doc = rc ? NULL : recipe_json(rec);
     if (!rc)
-        rc = read_plan(doc, o, r, err);
-    if (!rc) {
-        model_options mo;
-        memset(&mo, 0, sizeof mo);
-        mo.dtype = K3RT_F32;
-        mo.device = K3RT_DEVICE_CPU;
-        mo.stream = k3rt_host_stream();
-        mo.seed = (uint64_t)get_int(json_object_get(doc, "train"), "seed");
-        rc = model_declare(&m, json_object_get(doc, "model"), &reg, &mo, err);
-        declared = !rc;
-    }
-    if (!rc) {
-        describe_model(&m, o->recipe_path, r);
-        rc = count_params(&m, r, err);
-    }
-    if (!rc)
-        rc = count_flops(&m, r, err);
-    if (!rc)
-        rc = plan_memory(&m, doc, &reg, r, err);
-    if (!rc)
-        rc = plan_policies(&m, json_object_get(doc, "plan"), r, err);
-    if (declared)
-        model_free(&m);
+        rc = plan_compute_doc(recipe_json(rec), &reg, o, r, err);
     recipe_free(rec);
     registry_free(&reg);
     return rc;

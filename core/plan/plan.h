@@ -24,16 +24,28 @@ typedef struct plan_options {
     int gpus;                      /* N: must equal dp * ep * cp */
     double gpu_mem;                /* bytes per GPU */
     int node_gpus;                 /* GPUs per node */
+    int runtime;                   /* `k3rt train`: only what the runtime does (sublayer inputs
+                                      kept; fp8 only where runtime_fp8) */
+    int runtime_fp8;
 } plan_options;
 
 /* Loads the recipe (with overrides), declares its model and fills r. Errors name what is
  * wrong: a plan whose dp * ep * cp is not N, an ep that does not divide the experts, a cp that
  * does not divide seq_len. */
 int plan_compute(const plan_options *o, plan_report *r, k3rt_error *err);
+/* The same for a loaded, validated recipe document and its registry (`k3rt train` plans its
+ * free activation classes with it; o->recipe_path only names the recipe in r). */
+struct registry;
+int plan_compute_doc(const json_t *doc, struct registry *reg, const plan_options *o,
+                     plan_report *r, k3rt_error *err);
 
 /* plan_print.c */
 void plan_print(FILE *f, const plan_report *r);
 json_t *plan_json(const plan_report *r);
+/* The activation planner's part of both (`k3rt train` prints and records it too): the
+ * per-class table, and "activation_policies" and "activation_plan" set into `into`. */
+void plan_print_policies(FILE *f, const plan_report *r);
+void plan_act_json_into(json_t *into, const plan_report *r);
 /* "2.78T", "104.2B", "335.3M" */
 void plan_human(double n, char *buf, size_t len);
 /* "141.0 GB" (10^9 bytes, as GPU memory is quoted) */

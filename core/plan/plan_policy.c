@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/actman.h"
+#include "plan/plan.h"
 #include "plan/plan_act.h"
 
 static double budget_bytes(const json_t *plan, double gpu_mem)
@@ -201,7 +202,7 @@ int plan_policies(model *m, const json_t *plan, plan_report *r, k3rt_error *err)
         c[i].elem_bytes = 2;
         /* the largest stage's share of the layers, each of its micro-batches in flight */
         c[i].instances = (int)ceil(k->instances * stage - 1e-9) * r->in_flight;
-        c[i].fp8_ok = k->fp8_ok;
+        c[i].fp8_ok = k->fp8_ok && !r->act_no_fp8;
         forward_s[i] = k->recompute_flops / rate;  /* the module's forward */
         c[i].overlap_s = 3 * forward_s[i];          /* its forward and backward */
         c[i].fixed = k->fixed ? k->policy : -1;
@@ -215,7 +216,7 @@ int plan_policies(model *m, const json_t *plan, plan_report *r, k3rt_error *err)
     c[n].elem_bytes = 2;
     c[n].instances = r->stage_layers * r->in_flight;
     c[n].overlap_s = (r->fwd_token + r->bwd_token) * tokens / m->n_layers / rate;
-    c[n].fixed = -1;
+    c[n].fixed = r->act_runtime ? ACT_KEEP : -1;  /* train: what the runtime does */
     c[n].no_recompute = 1;
     double hs_kept = c[n].bytes * c[n].instances;
     r->act_kept_bytes += hs_kept;
@@ -249,11 +250,17 @@ int plan_policies(model *m, const json_t *plan, plan_report *r, k3rt_error *err)
     r->act_solved = solved;
     r->act_min_budget = p.min_budget + rest;
     r->act_msg[0] = 0;
-    if (!r->act_solved)
-        snprintf(r->act_msg, sizeof r->act_msg, "plan.memory_budget %.1f GB leaves %.1f GB "
-                 "for the saved activations after %.1f GB of weights, gradients, optimizer "
-                 "state and buffers; the smallest budget that works is %.1f GB per GPU",
-                 r->mem_budget / 1e9, p.budget / 1e9, rest / 1e9, r->act_min_budget / 1e9);
+    if (!r->act_solved) {
+        char b[4][32];
+        plan_bytes(r->mem_budget, b[0], sizeof b[0]);
+        plan_bytes(p.budget, b[1], sizeof b[1]);
+        plan_bytes(rest, b[2], sizeof b[2]);
+        plan_bytes(r->act_min_budget, b[3], sizeof b[3]);
+        snprintf(r->act_msg, sizeof r->act_msg, "plan.memory_budget %s leaves %s for the saved "
+                 "activations after %s of weights, gradients, optimizer state and buffers; the "
+                 "smallest budget that works is %s (%.0f bytes) per GPU", b[0], b[1], b[2], b[3],
+                 ceil(r->act_min_budget));
+    }
     r->n_act_cls = n;
     for (int i = 0; i < n; i++) {
         plan_act_class *o = &r->act_cls[i];

@@ -120,7 +120,7 @@ static void print_comm(FILE *f, const plan_report *r)
 }
 
 /* The activation planner's choice per saved-tensor class (plan_policy.c). */
-static void print_policies(FILE *f, const plan_report *r)
+void plan_print_policies(FILE *f, const plan_report *r)
 {
     char b[32], k[32], bud[32];
     plan_bytes(r->mem_budget, bud, sizeof bud);
@@ -172,7 +172,7 @@ static void print_memory(FILE *f, const plan_report *r)
         if (r->roles[role].numel)
             fprintf(f, " %s %.3g", k3rt_role_name(role), r->roles[role].values);
     fprintf(f, " (fp32 values)\n");
-    print_policies(f, r);
+    plan_print_policies(f, r);
     char g[32];
     plan_bytes(r->mem_total, b, sizeof b);
     plan_bytes(r->gpu_mem, g, sizeof g);
@@ -261,6 +261,27 @@ void plan_print(FILE *f, const plan_report *r)
     print_assumptions(f, r);
 }
 
+void plan_act_json_into(json_t *into, const plan_report *r)
+{
+    json_t *policies = json_array();
+    for (int i = 0; i < r->n_act_cls; i++)
+        json_array_append_new(policies, json_pack("{s:s, s:s, s:b, s:i, s:f, s:f, s:f}", "class",
+                                                  r->act_cls[i].name,
+                                                  "policy", act_policy_name(r->act_cls[i].policy),
+                                                  "recipe", r->act_cls[i].fixed, "instances",
+                                                  r->act_cls[i].instances, "kept_bytes",
+                                                  r->act_cls[i].bytes, "device_bytes",
+                                                  r->act_cls[i].mem, "extra_s",
+                                                  r->act_cls[i].extra_s));
+    json_object_set_new(into, "activation_policies", policies);
+    json_object_set_new(into, "activation_plan",
+                        json_pack("{s:b, s:f, s:f, s:f, s:f, s:f, s:f, s:s}", "solved",
+                                  r->act_solved, "budget", r->mem_budget, "total",
+                                  r->mem_total, "peak", r->act_peak, "extra_s",
+                                  r->act_extra_s, "pcie_s", r->act_pcie_s, "min_budget",
+                                  r->act_min_budget, "message", r->act_msg));
+}
+
 json_t *plan_json(const plan_report *r)
 {
     json_t *comps = json_array(), *cps = json_array(), *roles = json_object();
@@ -302,22 +323,7 @@ json_t *plan_json(const plan_report *r)
                              (json_int_t)r->micro_batch, "seq_len", (json_int_t)r->seq_len,
                              "grad_accum", (json_int_t)r->grad_accum, "shard_optimizer",
                              r->shard_optimizer, "shard_gradients", r->shard_gradients);
-    json_t *policies = json_array();
-    for (int i = 0; i < r->n_act_cls; i++)
-        json_array_append_new(policies, json_pack("{s:s, s:s, s:b, s:i, s:f, s:f, s:f}", "class",
-                                                  r->act_cls[i].name,
-                                                  "policy", act_policy_name(r->act_cls[i].policy),
-                                                  "recipe", r->act_cls[i].fixed, "instances",
-                                                  r->act_cls[i].instances, "kept_bytes",
-                                                  r->act_cls[i].bytes, "device_bytes",
-                                                  r->act_cls[i].mem, "extra_s",
-                                                  r->act_cls[i].extra_s));
-    json_object_set_new(memory, "activation_policies", policies);
-    json_object_set_new(memory, "activation_plan",
-                        json_pack("{s:b, s:f, s:f, s:f, s:f, s:f, s:s}", "solved", r->act_solved,
-                                  "budget", r->mem_budget, "peak", r->act_peak, "extra_s",
-                                  r->act_extra_s, "pcie_s", r->act_pcie_s, "min_budget",
-                                  r->act_min_budget, "message", r->act_msg));
+    plan_act_json_into(memory, r);
     json_t *step = json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "stage_layers",
                              r->stage_layers, "in_flight", r->in_flight, "bubble", r->bubble,
                              "stage_boundary_bytes", r->pp_bytes, "compute_s", r->step_compute_s,

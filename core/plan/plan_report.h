@@ -92,6 +92,7 @@ typedef struct plan_report {
     double act_peak, act_extra_s, act_pcie_s, act_min_budget;
     double mem_budget;             /* plan.memory_budget in bytes (gpu_mem when unset) */
     int act_solved;
+    int act_runtime, act_no_fp8;   /* set from plan_options before plan_policies */
     char act_msg[512];             /* the planner's refusal, when it refused */
     /* expert parallelism (routed MoE layers) */
     int moe_layers, experts, top_k;

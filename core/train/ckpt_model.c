@@ -27,7 +27,7 @@ static int build(ckpt_model *c, int threads, k3rt_error *err)
     model_options mo = {dtype && !strcmp(dtype, "f64") ? K3RT_F64 : K3RT_F32, K3RT_DEVICE_CPU,
                         c->stream, NULL,
                         (uint64_t)json_integer_value(json_object_get(
-                            json_object_get(c->doc, "train"), "seed")), 0, NULL};
+                            json_object_get(c->doc, "train"), "seed")), 0, NULL, NULL};
     int rc = model_build(&c->m, model_doc, &c->reg, &mo, err);
     json_decref(model_doc);
     return rc;

@@ -38,6 +38,8 @@ typedef struct run {
     char run_id[160];             /* identity.id: the lineage pruning keeps to */
     json_t *changes;              /* mid-run changes applied so far: [{step, balancer}] */
     json_t *balancer;             /* the balancer spec in effect */
+    struct plan_report *act_plan; /* under plan.memory_budget: the planner's report, else NULL */
+    json_t *act_planned;          /* its {class: policy} for the free classes (model_options) */
     comm_job job;                 /* the ranks of this process: threads (local) or one */
     int multi_process;            /* one rank per process (mpi, tcp): each writes only its own */
     int status_fd;                /* K3RT_LAUNCH_DIR's rank file for k3rt launch, or -1 */
@@ -161,6 +163,13 @@ void train_profile_free(rank_ctx *c);
 int train_print_header(rank_ctx *c, k3rt_error *err);
 void report_progress(rank_ctx *c, int64_t step, double lr, double gnorm, const json_t *moe);
 int report_metrics(rank_ctx *c, json_t *record, k3rt_error *err);
+/* One line of metrics.jsonl (rank 0); rec NULL (out of memory) fails too. */
+int train_write_record(run *r, const json_t *rec, k3rt_error *err);
+/* train_actplan.c: plan.memory_budget's activation plan (run_setup), its table (the header)
+ * and the {"step", "activations"} record of what the first step measured. */
+int train_plan_activations(run *r, k3rt_error *err);
+void train_print_act_plan(const run *r);
+int train_act_record(rank_ctx *c, int64_t step, k3rt_error *err);
 json_t *moe_metrics(rank_ctx *c, double *worst_maxvio);
 int loss_series_add(loss_series *s, double x, double y, k3rt_error *err);
 void loss_history_free(loss_history *h);

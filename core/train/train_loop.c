@@ -412,6 +412,8 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
             rc = train_step(c, step, in, tg, &o, err);
         if (!rc)
             rc = train_profile_end(c, step, err);
+        if (!rc && step == r->start_step + 1)
+            rc = train_act_record(c, step, err);
         if (rc == K3RT_ERR_COMM)
             k3rt_error_prefix(err, "step %lld: ", (long long)step);
         if (rc)

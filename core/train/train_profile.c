@@ -148,12 +148,9 @@ static int report(rank_ctx *c, k3rt_error *err)
                             c->r->device == K3RT_DEVICE_CPU ? "host" : "cuda_events",
                             "step_ms", wall, "parts_ms", parts, "gap_ms", wall - parts, "parts",
                             list);
-    char *line = rec ? json_dumps(rec, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
+    int rc = train_write_record(c->r, rec, err);
     json_decref(rec);
-    int ok = line && fprintf(c->r->metrics, "%s\n", line) >= 0 && fflush(c->r->metrics) == 0;
-    free(line);
-    return ok ? K3RT_OK : k3rt_fail(err, K3RT_ERR_IO, "%s/metrics.jsonl: write failed",
-                                    c->r->out);
+    return rc;
 }
 
 int train_profile_end(rank_ctx *c, int64_t step, k3rt_error *err)

@@ -20,6 +20,14 @@ static void human(double n, char *buf, size_t len)
         snprintf(buf, len, "%.0f", n);
 }
 
+int train_write_record(run *r, const json_t *rec, k3rt_error *err)
+{
+    char *line = rec ? json_dumps(rec, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
+    int ok = line && fprintf(r->metrics, "%s\n", line) >= 0 && fflush(r->metrics) == 0;
+    free(line);
+    return ok ? K3RT_OK : k3rt_fail(err, K3RT_ERR_IO, "%s/metrics.jsonl: write failed", r->out);
+}
+
 /* What the run will do: model size, FLOPs, memory, plugins (llm.c prints this too). */
 int train_print_header(rank_ctx *c, k3rt_error *err)
 {
@@ -61,6 +69,7 @@ int train_print_header(rank_ctx *c, k3rt_error *err)
                  r->packed ? "the token mixers restart at each (data.packed_documents)"
                            : "windows run across them (data.packed_documents restarts the "
                              "token mixers there)");
+    train_print_act_plan(r);
     return K3RT_OK;
 }
 
@@ -135,13 +144,10 @@ int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
             json_object_set(rec, "moe", moe);
             json_object_set_new(rec, "maxvio_worst", json_real(worst));
         }
-        char *line = json_dumps(rec, JSON_COMPACT | JSON_REAL_PRECISION(17));
-        if (!line || fprintf(r->metrics, "%s\n", line) < 0 || fflush(r->metrics) != 0) {
-            free(line);
+        if (train_write_record(r, rec, err)) {
             json_decref(moe);
-            return k3rt_fail(err, K3RT_ERR_IO, "%s/metrics.jsonl: write failed", r->out);
+            return err->code;
         }
-        free(line);
         if (isfinite(mean))
             r->result.final_train_loss = mean;
         char mfu[64] = "";

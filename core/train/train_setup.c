@@ -227,6 +227,7 @@ int run_setup(run *r, const train_options *o, k3rt_error *err)
     const json_t *plan = json_object_get(r->doc, "plan");
     K3RT_TRY(check_plan(r, plan, err));
     K3RT_TRY(choose_device(r, plan, err));
+    K3RT_TRY(train_plan_activations(r, err));
     K3RT_TRY(read_train_section(r, err));
     K3RT_TRY(open_comm(r, plan, err));
     K3RT_TRY(prepare_output(r, err));
@@ -245,6 +246,8 @@ void run_free(run *r)
     json_decref(r->identity);
     json_decref(r->changes);
     json_decref(r->balancer);
+    json_decref(r->act_planned);
+    free(r->act_plan);
     if (r->rec)
         recipe_free(r->rec);
     registry_free(&r->reg);
@@ -315,7 +318,7 @@ int rank_build(rank_ctx *c, k3rt_error *err)
     const json_t *plan = json_object_get(r->doc, "plan");
     model_options mo = {r->dtype, r->device, c->stream, c->comm, r->seed,
                         json_is_true(json_object_get(plan, "deterministic")),
-                        json_object_get(plan, "activations")};
+                        json_object_get(plan, "activations"), r->act_planned};
     int rc = model_build(&c->m, mdoc, &r->reg, &mo, err);
     json_decref(mdoc);
     K3RT_TRY(rc);

@@ -33,7 +33,7 @@ static void build(built *b, int device, int dtype)
     TU_OK(k3rt_stream_create(device, K3RT_STREAM_COMPUTE, &b->s, &err), err);
     const json_t *doc = recipe_json(b->rec);
     json_t *mdoc = json_deep_copy(json_object_get(doc, "model"));
-    model_options o = {dtype, device, b->s, NULL, 1, 1, NULL};
+    model_options o = {dtype, device, b->s, NULL, 1, 1, NULL, NULL};
     TU_OK(model_build(&b->m, mdoc, &b->reg, &o, &err), err);
     json_decref(mdoc);
     TU_OK(model_set_shape(&b->m, B, T, &err), err);

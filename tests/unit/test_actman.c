@@ -39,7 +39,7 @@ static int run_tiny(const char *policies, run_result *out, k3rt_error *err)
     ck_assert(!policies || pol);
     k3rt_stream *s = tu_cpu_stream(1);
     model m;
-    model_options o = {K3RT_F64, K3RT_DEVICE_CPU, s, NULL, 5, 1, pol};
+    model_options o = {K3RT_F64, K3RT_DEVICE_CPU, s, NULL, 5, 1, pol, NULL};
     int rc = model_build(&m, json_object_get(recipe_json(rec), "model"), &reg, &o, err);
     if (!rc) {
         rc = model_set_shape(&m, B, T, err);

@@ -27,7 +27,7 @@ static int build_with(model *m, registry *reg, k3rt_stream *s, const char *resid
     snprintf(text, sizeof text, MODEL_DOC_FMT, residual, residual_config);
     json_t *doc = json_loads(text, 0, NULL);
     ck_assert_ptr_nonnull(doc);
-    model_options o = {K3RT_F64, K3RT_DEVICE_CPU, s, NULL, 7, 0, NULL};
+    model_options o = {K3RT_F64, K3RT_DEVICE_CPU, s, NULL, 7, 0, NULL, NULL};
     int rc = model_build(m, doc, reg, &o, err);
     json_decref(doc);
     return rc;
@@ -189,7 +189,7 @@ START_TEST(activation_sizes_are_checked)
              "   \"path\": null, \"config\": {}}}", pattern, shift->path);
     json_t *doc = json_loads(text, 0, NULL);
     ck_assert_ptr_nonnull(doc);
-    model_options o = {K3RT_F64, K3RT_DEVICE_CPU, NULL, NULL, 7, 0, NULL};
+    model_options o = {K3RT_F64, K3RT_DEVICE_CPU, NULL, NULL, 7, 0, NULL, NULL};
     model m;
     TU_OK(model_declare(&m, doc, &reg, &o, &err), err);
     json_decref(doc);

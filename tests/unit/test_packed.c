@@ -68,7 +68,7 @@ START_TEST(packed_equals_one_by_one)
     k3rt_stream *s = tu_cpu_stream(1);
     json_t *doc = json_loads(DOC, 0, NULL);
     model m;
-    model_options o = {K3RT_F64, K3RT_DEVICE_CPU, s, NULL, 11, 0, NULL};
+    model_options o = {K3RT_F64, K3RT_DEVICE_CPU, s, NULL, 11, 0, NULL, NULL};
     TU_OK(model_build(&m, doc, &reg, &o, &err), err);
     json_decref(doc);
     int32_t tok[N], tgt[N];

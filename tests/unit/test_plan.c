@@ -15,7 +15,7 @@ static void recipe_file(char *buf, size_t len, const char *name)
 
 static plan_options options(const char *path, const char *const *sets, int n, int gpus)
 {
-    plan_options o = {path, sets, n, NULL, gpus, 141e9, 8};
+    plan_options o = {path, sets, n, NULL, gpus, 141e9, 8, 0, 0};
     return o;
 }
 
@@ -33,7 +33,7 @@ static void build(built *b, const char *path, const char *const *sets, int n)
     TU_OK(registry_init(&b->reg, NULL, &err), err);
     TU_OK(recipe_load(path, &b->reg, sets, n, NULL, &b->rec, &err), err);
     b->s = tu_cpu_stream(1);
-    model_options mo = {K3RT_F32, K3RT_DEVICE_CPU, b->s, NULL, 1, 0, NULL};
+    model_options mo = {K3RT_F32, K3RT_DEVICE_CPU, b->s, NULL, 1, 0, NULL, NULL};
     TU_OK(model_build(&b->m, json_object_get(recipe_json(b->rec), "model"), &b->reg, &mo, &err),
           err);
 }
