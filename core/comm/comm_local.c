@@ -151,9 +151,10 @@ static int local_all_to_all_v(k3rt_comm *c, const void *send, const int64_t *sen
                            "expects %lld", r, (long long)n, c->rank, (long long)recv_counts[r]);
             break;
         }
-        memcpy((char *)recv + (size_t)recv_displs[r] * es,
-               (const char *)w->send[r] + (size_t)w->send_displs[r][c->rank] * es,
-               (size_t)n * es);
+        if (n > 0)  /* a rank that receives nothing may pass no buffer (comm_det_reduce) */
+            memcpy((char *)recv + (size_t)recv_displs[r] * es,
+                   (const char *)w->send[r] + (size_t)w->send_displs[r][c->rank] * es,
+                   (size_t)n * es);
     }
     meet(c);
     return rc;

@@ -136,7 +136,7 @@ static int exchange(k3rt_comm *c, const char *const *out, const int64_t *out_len
                                                   what);
     for (int q = 0; q < n && !rc; q++) {
         if (q == me) {
-            if (out_len[q] >= 0 && in_len[q] >= 0)
+            if (out_len[q] >= 0 && in_len[q] > 0)  /* an empty entry may carry no buffer */
                 memmove(in[q], out[q], (size_t)in_len[q]);
             continue;
         }
