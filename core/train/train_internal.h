@@ -20,6 +20,7 @@ typedef struct run {
     recipe *rec;
     const json_t *doc;            /* the validated recipe document (owned by rec) */
     int64_t steps, log_interval, eval_interval, eval_batches, ckpt_interval, keep, max_bad;
+    int eval_at_start;
     double grad_clip;
     lr_schedule sched;
     int64_t B, T, accum;

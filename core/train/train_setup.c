@@ -176,6 +176,7 @@ static int read_train_section(run *r, k3rt_error *err)
     r->steps = get_int(t, "steps");
     r->log_interval = get_int(t, "log_interval");
     r->eval_interval = get_int(t, "eval_interval");
+    r->eval_at_start = json_is_true(json_object_get(t, "eval_at_start"));
     r->eval_batches = get_int(t, "eval_batches");
     r->ckpt_interval = get_int(t, "checkpoint_interval");
     r->keep = get_int(t, "keep_checkpoints");
