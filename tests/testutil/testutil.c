@@ -175,6 +175,25 @@ int tu_metrics_losses(const char *out, double *loss, int max)
     return n;
 }
 
+double tu_metrics_final_val_loss(const char *out)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "no %s", path);
+    char line[65536];
+    double val = NAN;
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        ck_assert_msg(j != NULL, "bad metrics line: %s", line);
+        if (json_is_number(json_object_get(j, "val_loss")))
+            val = json_number_value(json_object_get(j, "val_loss"));
+        json_decref(j);
+    }
+    fclose(f);
+    return val;
+}
+
 json_t *tu_metrics_profile(const char *out, int first_step, int last_step, int steps)
 {
     char path[1024];

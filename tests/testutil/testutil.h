@@ -38,6 +38,8 @@ k3rt_stream *tu_cpu_stream(int threads);
 /* Losses by step from <out>/metrics.jsonl into loss[step] (steps below max); returns the
  * largest step read. */
 int tu_metrics_losses(const char *out, double *loss, int max);
+/* The last validation loss in <out>/metrics.jsonl (NAN when it has none). */
+double tu_metrics_final_val_loss(const char *out);
 /* The one `k3rt train --profile` record of <out>/metrics.jsonl (the caller decrefs it), checked:
  * at step last_step, over `steps` steps from first_step, every part's time non-negative, their
  * sum within the step's wall time and the gap what is left of it. */
