@@ -28,6 +28,12 @@ const char *tu_source_dir(void);
 const char *tu_python_with_numpy(void);
 /* Writes text to path (fails the test on error). */
 void tu_write_file(const char *path, const char *text);
+/* Failures collected so that one run reports every case: tu_fail_later prints one ("FAILED: ...")
+ * and counts it; tu_expect_no_failures fails the test when any was counted since the last
+ * reset (naming the first) and resets; tu_failures_reset forgets them (a test's start). */
+void tu_fail_later(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void tu_expect_no_failures(void);
+void tu_failures_reset(void);
 /* rms(ref - x) / rms(ref). */
 double tu_rel_rms(const double *ref, const double *x, int64_t n);
 /* Fills with N(0, scale^2) from a seeded generator. */
