@@ -40,6 +40,10 @@ int64_t kda_dec_scratch(const kda *m, int64_t B)
 
 static const kda_dec_kernels *kernels(const kda *m)
 {
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (m->device != K3RT_DEVICE_CPU)
+        return &kda_dec_cuda;
+#endif
     return m->dtype == K3RT_F64 ? &kda_dec_cpu_f64 : &kda_dec_cpu_f32;
 }
 
@@ -71,9 +75,6 @@ static void *zeroed(const kda *m, k3rt_stream *s, int64_t bytes, k3rt_error *err
 int kda_cache_create(void *self, const k3rt_cache_args *a, void **cache, k3rt_error *err)
 {
     const kda *m = self;
-    if (m->device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "kda: decoding on CUDA comes with the next "
-                         "change");
     int64_t B = a->batch, es = (int64_t)k3rt_dtype_size(m->dtype);
     int64_t se = m->device == K3RT_DEVICE_CPU ? es : 4, off[D_N];
     const int64_t width[3] = {m->H * m->dim_k, m->H * m->dim_k, m->HV * m->dim_v};

@@ -285,5 +285,7 @@ int kda_gpu_summary(const kda *m, const k3rt_fwd_args *a, float *sm, float *sb,
                     k3rt_error *err);
 int kda_gpu_compose(kda *m, k3rt_stream *s, int64_t n, const float *m1, const float *b1,
                     const float *m2, const float *b2, float *mo, float *bo, k3rt_error *err);
+/* The decode step's pieces on CUDA (cuda_decode.c), f32 or bf16. */
+extern const kda_dec_kernels kda_dec_cuda;
 
 #endif

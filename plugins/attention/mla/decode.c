@@ -31,6 +31,10 @@ static int64_t dec_layout(const mla *m, int64_t B, int64_t off[D_N])
 
 static const mla_dec_kernels *kernels(const mla *m)
 {
+#ifdef K3RT_PLUGIN_HAVE_CUDA
+    if (m->device != K3RT_DEVICE_CPU)
+        return &mla_dec_cuda;
+#endif
     return m->dtype == K3RT_F64 ? &mla_dec_cpu_f64 : &mla_dec_cpu_f32;
 }
 
@@ -81,9 +85,6 @@ static int reserve(const mla *m, k3rt_stream *s, mla_cache *c, int64_t cap, int6
 int mla_cache_create(void *self, const k3rt_cache_args *a, void **cache, k3rt_error *err)
 {
     const mla *m = self;
-    if (m->device != K3RT_DEVICE_CPU)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "mla: decoding on CUDA comes with the next "
-                         "change");
     int64_t off[D_N];
     mla_cache *c = calloc(1, sizeof *c);
     if (!c)

@@ -142,5 +142,7 @@ void mla_cache_destroy(void *self, void *cache);
  * tensors. Under bf16 the parameter gradients are f32 (k3rt/ops.h). */
 int mla_forward_cuda(mla *m, const k3rt_fwd_args *a, k3rt_error *err);
 int mla_backward_cuda(mla *m, const k3rt_bwd_args *a, k3rt_error *err);
+/* The decode step's pieces on CUDA (cuda_decode.c). */
+extern const mla_dec_kernels mla_dec_cuda;
 
 #endif
