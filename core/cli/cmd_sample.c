@@ -77,11 +77,10 @@ int cmd_sample(int argc, char **argv)
     }
     char *text = NULL;
     sample_stats st;
+    int64_t seq_len = rc ? 0 : json_integer_value(json_object_get(json_object_get(c.doc, "plan"),
+                                                                  "seq_len"));
     if (!rc)
-        rc = sample_text(&c.m,
-                         json_integer_value(json_object_get(json_object_get(c.doc, "plan"),
-                                                            "seq_len")),
-                         cfg, &text, &st, &err);
+        rc = sample_text(&c.m, seq_len, cfg, &text, &st, &err);
     if (!rc) {
         char dev[64] = "cpu";
         if (c.device != K3RT_DEVICE_CPU)
@@ -94,6 +93,10 @@ int cmd_sample(int argc, char **argv)
                 dev, k3rt_dtype_name(c.dtype),
                 st.cached ? "cached decode" : "sliding context recomputed per byte",
                 st.cached ? "" : ": ", st.cached ? "" : st.why);
+        if (st.cached && st.context > seq_len)
+            fprintf(stderr, "k3rt sample: the context grew to %lld bytes, past plan.seq_len = "
+                    "%lld (the longest the model trained on): the caches keep all of it\n",
+                    (long long)st.context, (long long)seq_len);
     }
     free(text);
     json_decref(cfg);

@@ -180,6 +180,7 @@ typedef struct sample_stats {
     int cached;            /* 1: incremental decoding; 0: the sliding context recomputed */
     char why[256];         /* when not cached: why (the mixer without a cache, or "asked for") */
     int64_t tokens;        /* bytes generated */
+    int64_t context;       /* bytes of the final context: the prompt and what was generated */
     double seconds;        /* wall time of the prompt and the generation */
 } sample_stats;
 /* `bytes` bytes continuing `prompt` (sample_cfg: the recipe's sample section; "recompute":

@@ -77,12 +77,11 @@ static int sample_recompute(model *m, int64_t seq_len, char *text, size_t *len, 
     return rc;
 }
 
-/* The cached path: the prompt, then each drawn byte, fed one token at a time; the context is
- * the whole text, however long (model.h: model_decode_*). */
+/* The cached path, after model_decode_begin: the prompt, then each drawn byte, fed one token
+ * at a time; the context is the whole text, however long (model.h: model_decode_*). */
 static int sample_cached(model *m, char *text, size_t *len, int64_t n, double *logits,
                          const sample_opts *o, k3rt_rng *rng, k3rt_error *err)
 {
-    K3RT_TRY(model_decode_begin(m, 1, (int64_t)*len + n, err));
     int rc = K3RT_OK;
     for (size_t i = 0; i < *len && !rc; i++) {
         int32_t tok = (unsigned char)text[i];
@@ -133,10 +132,13 @@ int sample_text(model *m, int64_t seq_len, const json_t *cfg, char **out, sample
     if (recompute)
         snprintf(stats.why, sizeof stats.why, "asked for");
     double t0 = k3rt_time_now();
-    int rc = stats.cached ? sample_cached(m, text, &len, n, logits, &o, &rng, err)
+    int rc = stats.cached ? model_decode_begin(m, 1, (int64_t)plen + n, err) : K3RT_OK;
+    if (!rc)
+        rc = stats.cached ? sample_cached(m, text, &len, n, logits, &o, &rng, err)
                           : sample_recompute(m, seq_len, text, &len, n, logits, &o, &rng, err);
     stats.seconds = k3rt_time_now() - t0;
     stats.tokens = (int64_t)(len - plen);
+    stats.context = (int64_t)len;
     text[len] = '\0';
     free(logits);
     if (rc) {

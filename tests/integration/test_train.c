@@ -147,6 +147,13 @@ START_TEST(main_job_outputs)
     ck_assert_msg(strlen(greedy[0]) > 41 && !strncmp(greedy[0], greedy[1], 41),
                   "cached:\n%s\nsliding:\n%s", greedy[0], greedy[1]); /* 40 bytes, newline */
     free(greedy[0]), free(greedy[1]);
+    /* past seq_len (128) the caches keep the whole text, and say so */
+    snprintf(cmd, sizeof cmd, "cd %s && %s sample %s/checkpoints --bytes 150", tu_source_dir(),
+             tu_k3rt_bin(), out);
+    rc = tu_run(cmd, &log);
+    ck_assert_msg(rc == 0 && strstr(log, "context grew to 151 bytes, past plan.seq_len = 128"),
+                  "%s", log);
+    free(log);
     if (!tu_has_cuda_device()) {
         snprintf(cmd, sizeof cmd, "cd %s && %s sample %s/checkpoints --device cuda",
                  tu_source_dir(), tu_k3rt_bin(), out);
