@@ -503,12 +503,14 @@ static int finish(rank_ctx *c, k3rt_error *err)
     if (r->opt.no_sample || (tok && strcmp(tok, "bytes")))
         return K3RT_OK;  /* text samples need the byte tokenizer */
     char *text = NULL;
-    K3RT_TRY(sample_text(&c->m, r->T, json_object_get(r->doc, "sample"), &text, err));
+    sample_stats st;
+    K3RT_TRY(sample_text(&c->m, r->T, json_object_get(r->doc, "sample"), &text, &st, err));
     fs_join(path, sizeof path, r->out, "sample.txt");
     int rc = fs_write_atomic(path, text, strlen(text), err);
     if (!rc && !r->opt.quiet)
-        log_info("--- sample (%zu bytes, also in %s) ---\n%s\n--- end of sample ---",
-                 strlen(text), path, text);
+        log_info("--- sample (%zu bytes, also in %s; %.0f tokens/s, %s) ---\n%s\n--- end of "
+                 "sample ---", strlen(text), path, st.seconds > 0 ? st.tokens / st.seconds : 0.0,
+                 st.cached ? "cached decode" : "sliding context", text);
     if (!rc && !r->opt.quiet && r->train.n)
         rc = report_coverage(r, text, err);
     free(text);

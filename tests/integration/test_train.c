@@ -157,7 +157,36 @@ START_TEST(main_job_outputs)
     sample[got] = '\0';
     ck_assert_msg(got > 0 && !strncmp(log, sample, got), "k3rt sample gave\n%s\nthe run wrote\n%s",
                   log, sample);
+    ck_assert_msg(strstr(log, "60 bytes in") && strstr(log, "tokens/s on cpu") &&
+                  strstr(log, "cached decode"), "no decoding report:\n%s", log);
     free(log);
+    /* greedy text along the cache and along the sliding context (within seq_len: the same
+     * context) agree; a GPU asked for where there is none is refused plainly */
+    char *greedy[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "cd %s && %s sample %s/checkpoints --temperature 0 "
+                 "--bytes 40 %s", tu_source_dir(), tu_k3rt_bin(), out,
+                 i ? "--recompute" : "");
+        rc = tu_run(cmd, &greedy[i]);
+        ck_assert_msg(rc == 0, "greedy sample failed:\n%s", greedy[i]);
+    }
+    ck_assert_msg(strlen(greedy[0]) > 41 && !strncmp(greedy[0], greedy[1], 41),
+                  "cached:\n%s\nsliding:\n%s", greedy[0], greedy[1]); /* 40 bytes, newline */
+    free(greedy[0]), free(greedy[1]);
+    /* past seq_len (128) the caches keep the whole text, and say so */
+    snprintf(cmd, sizeof cmd, "cd %s && %s sample %s/checkpoints --bytes 150", tu_source_dir(),
+             tu_k3rt_bin(), out);
+    rc = tu_run(cmd, &log);
+    ck_assert_msg(rc == 0 && strstr(log, "context grew to 151 bytes, past plan.seq_len = 128"),
+                  "%s", log);
+    free(log);
+    if (!tu_has_cuda_device()) {
+        snprintf(cmd, sizeof cmd, "cd %s && %s sample %s/checkpoints --device cuda",
+                 tu_source_dir(), tu_k3rt_bin(), out);
+        rc = tu_run(cmd, &log);
+        ck_assert_msg(rc == 1 && strstr(log, "no CUDA device"), "%s", log);
+        free(log);
+    }
     snprintf(cmd, sizeof cmd, "cd %s && %s eval %s/checkpoints --windows 8", tu_source_dir(),
              tu_k3rt_bin(), out);
     rc = tu_run(cmd, &log);
