@@ -32,8 +32,11 @@ static int summarise(variant_run *r, const run_metrics *m, k3rt_error *err)
         r->tokens = m->tokens[i];
         r->flops = isfinite(m->flops[i]) ? m->flops[i] : 0;
         int eval = isfinite(m->val_loss[i]);
-        if (eval) {
+        /* A step-0 evaluation (train.eval_at_start) has no compute: it stays off the
+         * loss-vs-FLOPs curve, whose axis and fit are logarithmic. */
+        if (eval)
             r->final_loss = m->val_loss[i];
+        if (eval && r->flops > 0) {
             r->curve_flops[r->n_curve] = r->flops;
             r->curve_loss[r->n_curve++] = r->final_loss;
         }

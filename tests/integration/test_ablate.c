@@ -262,7 +262,8 @@ START_TEST(test_seed_spread_and_mfu)
              "return { name = 'seeds', base = '%s/scripts/recipes/tiny.lua',\n"
              "  set = { 'train.steps=8', 'train.warmup=1', 'train.eval_interval=2',\n"
              "          'train.log_interval=2', 'train.eval_batches=1',\n"
-             "          'train.checkpoint_interval=0', 'plan.micro_batch=2', 'plan.seq_len=32' },\n"
+             "          'train.checkpoint_interval=0', 'plan.micro_batch=2', 'plan.seq_len=32',\n"
+             "          'train.eval_at_start=true' },\n"
              "  seeds = { 1, 2 },\n"
              "  variants = { { name = 'mfu', set = { 'plan.peak_tflops=0.01' } },\n"
              "               { name = 'all-mla', set = { \"model.pattern='M'\",\n"
@@ -299,6 +300,12 @@ START_TEST(test_seed_spread_and_mfu)
               num_of(seed2, "efficiency"));
     ck_assert(json_is_null(json_object_get(base, "beyond_seed_spread")));
     ck_assert(json_is_null(json_object_get(seed2, "beyond_seed_spread")));
+    /* The step-0 evaluation (eval_at_start) is off the curve: it has no compute, and the
+     * curve's axis and fit are logarithmic; the curve is the 4 evaluations that follow it. */
+    const json_t *curve = json_object_get(base, "curve");
+    ck_assert_int_eq((int)json_array_size(curve), 4);
+    ck_assert(json_number_value(json_array_get(json_array_get(curve, 0), 0)) > 0);
+    ck_assert(isfinite(num_of(mla, "efficiency")));
     const json_t *vs[] = {mfu, mla};
     for (int i = 0; i < 2; i++) {
         double d = fabs(num_of(vs[i], "final_val_loss") - lb);
