@@ -5,9 +5,10 @@
  * attention over the latent cache, which grows from a capacity of 2 while the test runs, the
  * rest of the stack through the engine's device ops), over an activation arena poisoned with
  * NaN bytes; every position's logits are compared with the CPU's f64 full forward as
- * rms(ref - x) / rms(ref): f32 (full fp32 products, no TF32) within 1e-4, bf16 within 5e-2,
- * and in both no further from the reference than twice the GPU's own full forward (plus a
- * margin of 1e-5 / 1e-3), so the cache adds no error of its own.
+ * rms(ref - x) / rms(ref): f32 (full fp32 products, no TF32) within 1e-4, bf16 (every FFN
+ * dense there: see check_config) within 0.25, and in both no further from the reference than
+ * twice the GPU's own full forward (plus a margin of 1e-5 / 1e-3), so the cache adds no error
+ * of its own.
  *
  * Skips (exit 77) without a CUDA device; K3RT_GK_HOST=1 runs the "GPU" side on the CPU (f32
  * only), which checks the harness on a machine without one. */
@@ -24,6 +25,11 @@ static void check_config(int kda_dim, const char *kda_extra, const char *mla_ext
     TU_OK(registry_init(&reg, NULL, &err), err);
     ck_assert_msg(dk_have_plugins(&reg), "a plugin of the test model is not built");
     json_t *doc = dk_model_doc(kda_dim, kda_extra, mla_extra);
+    /* In bf16 every layer's FFN is dense: rounding flips top-k routing choices (measured on
+     * the H200: the bf16 full forward itself was 0.46 from the f64 one at its worst position
+     * with LatentMoE), and a flipped expert is a different function, not a cache error. */
+    if (dtype == K3RT_BF16)
+        json_object_set_new(doc, "dense_layers", json_integer(4));
     k3rt_stream *cpu = tu_cpu_stream(2);
     model ref, g;
     dk_build(&ref, &reg, doc, cpu, K3RT_F64, K3RT_DEVICE_CPU);
@@ -64,8 +70,11 @@ START_TEST(decode_matches_cpu_forward)
     check_config(32, "", "", K3RT_F32, 1e-4, 1e-5);
     check_config(64, ", \"value_heads\": 4", ", \"q_rank\": 16", K3RT_F32, 1e-4, 1e-5);
     if (GK_DEV != K3RT_DEVICE_CPU) {
-        check_config(32, "", "", K3RT_BF16, 5e-2, 1e-3);
-        check_config(64, ", \"value_heads\": 4", ", \"q_rank\": 16", K3RT_BF16, 5e-2, 1e-3);
+        /* bf16's own distance from f64 is the full forward's, measured on the H200 at
+         * 0.116 and 0.106 for these two models (worst position): the absolute bound is a
+         * sanity bound above that; the cache is held to the relative one. */
+        check_config(32, "", "", K3RT_BF16, 0.25, 1e-3);
+        check_config(64, ", \"value_heads\": 4", ", \"q_rank\": 16", K3RT_BF16, 0.25, 1e-3);
     }
     ck_assert_msg(gk_failed == 0, "%d case(s) failed (see above)", gk_failed);
 }
