@@ -36,6 +36,14 @@ static int dry_run(run *r, k3rt_error *err)
     memset(&c, 0, sizeof c);
     c.r = r;
     int rc = rank_build(&c, err);
+    if (rc == K3RT_ERR_NOMEM) {
+        /* A dry run builds the model here, arena and all: say which command sizes it without
+         * allocating, for a recipe meant for a larger machine. */
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len, " (--dry-run builds the model and its "
+                 "activations on this machine; `k3rt plan RECIPE --gpus N` sizes it without "
+                 "allocating)");
+    }
     if (!rc)
         rc = train_print_header(&c, err);
     if (!rc)

@@ -111,6 +111,12 @@ START_TEST(sizes_too_large)
              "--set train.eval_batches=1000000000000000 --set plan.micro_batch=1000000 "
              "--set plan.seq_len=100000", tu_k3rt_bin(), dir);
     expect_error(cmd, "train.eval_batches");
+    /* Sizes that fit in 64 bits but not in this machine: the dry run says which command
+     * sizes them without allocating (ASan is told to return NULL, as malloc does). */
+    snprintf(cmd, sizeof cmd, "ASAN_OPTIONS=$ASAN_OPTIONS:allocator_may_return_null=1 %s train "
+             "scripts/recipes/tiny_dense.lua --dry-run --out %s --set plan.micro_batch=1000000 "
+             "--set plan.seq_len=4096", tu_k3rt_bin(), dir);
+    expect_error(cmd, "k3rt plan RECIPE --gpus N");
 }
 END_TEST
 
