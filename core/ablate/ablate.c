@@ -40,10 +40,12 @@ static int inspect(variant_run *r, const recipe *rec, const ablate_suite *s, k3r
     const json_t *doc = recipe_json(rec);
     r->steps = get_int(doc, "train", "steps");
     r->seed = get_int(doc, "train", "seed");
-    if (s->n_seeds && (r->v == s->variants || r->v->replica) && r->seed != r->v->seed)
+    if (s->n_seeds && (r->v == s->variants || r->v->replica || s->replicate_all) &&
+        r->seed != r->v->seed)
         return k3rt_fail(err, K3RT_ERR_INVALID, "trains under train.seed = %lld, not the "
                          "suite's seed %lld: a train.seed override after the suite's own (on "
-                         "the command line) defeats `seeds`; leave it out",
+                         "the command line, or a variant's under replicate = \"all\") defeats "
+                         "`seeds`; leave it out",
                          (long long)r->seed, r->v->seed);
     device_choice dc;
     K3RT_TRY(device_choose(rec, k3rt_cuda_device_count(), &dc, err));

@@ -38,14 +38,18 @@ typedef struct variant_run {
     double base_flops, efficiency;
     int extrapolated;
     char note[256];
-    /* against the seed spread (ablate_spread.c): 1 beyond, 0 within, -1 not known */
+    /* against the seed spread (ablate_spread.c): 1 beyond, 0 within, -1 not known; under
+     * replicate "all", a variant's runs with a final loss and their mean (NAN: fewer than 2) */
     int beyond_spread;
+    int seed_runs;
+    double seed_mean;
 } variant_run;
 
 /* The base's seed-to-seed spread, from the base and its seed replicas. */
 typedef struct seed_spread {
     int runs;                      /* base runs with a final validation loss (>= 2 to count) */
     double loss;                   /* max - min of their final validation losses */
+    double base_mean;              /* their mean (NAN with fewer than 2) */
 } seed_spread;
 
 typedef struct ablate_ctx {
@@ -71,6 +75,9 @@ int ablate_run_all(ablate_ctx *c, k3rt_error *err);
 void ablate_seed_spread(ablate_ctx *c);
 void ablate_spread_markdown(const ablate_ctx *c, FILE *f);
 json_t *ablate_spread_json(const ablate_ctx *c);
+/* The difference from the base a variant's row quotes (its seeds' mean under replicate
+ * "all"). */
+double ablate_spread_delta(const ablate_ctx *c, const variant_run *r);
 /* ablate_report.c: reads every run's metrics, computes the efficiencies, writes the table
  * (Markdown, JSON) and the charts, prints the Markdown table. */
 int ablate_report(ablate_ctx *c, k3rt_error *err);

@@ -164,6 +164,9 @@ static void spread_cell(const ablate_ctx *c, const variant_run *r, char *buf, si
         snprintf(buf, len, "-");
     else if (r->v->replica)
         snprintf(buf, len, "%+.4f (seed)", d);
+    else if (c->suite.replicate_all && r->seed_runs >= 2)
+        snprintf(buf, len, "%+.4f (mean of %d)%s", ablate_spread_delta(c, r), r->seed_runs,
+                 r->beyond_spread == 1 ? ", beyond" : ", within");
     else
         snprintf(buf, len, "%+.4f%s", d, r->beyond_spread == 1   ? ", beyond"
                                          : r->beyond_spread == 0 ? ", within"
@@ -230,7 +233,7 @@ static int write_markdown(const ablate_ctx *c, const char *path, FILE *also, k3r
     return K3RT_OK;
 }
 
-static json_t *run_json(const variant_run *r)
+static json_t *run_json(const ablate_ctx *c, const variant_run *r)
 {
     json_t *sets = json_array(), *curve = json_array();
     for (int k = 0; k < r->v->n_sets; k++)
@@ -238,7 +241,7 @@ static json_t *run_json(const variant_run *r)
     for (int i = 0; i < r->n_curve; i++)
         json_array_append_new(curve, json_pack("[f, f]", r->curve_flops[i], r->curve_loss[i]));
     double planned = r->step_flops * (double)r->steps;
-    return json_pack(
+    json_t *o = json_pack(
         "{s:s, s:o, s:s, s:I, s:I, s:I, s:I, s:o, s:f, s:o, s:f, s:b, s:o, s:o, s:o, s:o, s:o, "
         "s:b, s:s, s:o, s:b, s:s, s:f, s:b, s:I, s:b, s:o, s:s}",
         "name", r->v->name, "set", sets, "dir", r->dir, "steps", (json_int_t)r->steps,
@@ -252,6 +255,14 @@ static json_t *run_json(const variant_run *r)
         "failure", r->failure, "seconds", r->seconds, "reused", r->reused, "seed",
         (json_int_t)r->seed, "seed_replica", r->v->replica, "beyond_seed_spread",
         r->beyond_spread < 0 ? json_null() : json_boolean(r->beyond_spread), "key", r->key);
+    if (o && c->suite.replicate_all) {
+        json_object_set_new(o, "replica_of", r->v->replica
+                                                 ? json_string(c->suite.variants[r->v->of].name)
+                                                 : json_null());
+        json_object_set_new(o, "seed_mean_final_val_loss", ablate_num(r->seed_mean));
+        json_object_set_new(o, "seed_runs", json_integer(r->seed_runs));
+    }
+    return o;
 }
 
 static int write_json(const ablate_ctx *c, const char *path, const power_law *fit, int have_fit,
@@ -259,7 +270,7 @@ static int write_json(const ablate_ctx *c, const char *path, const power_law *fi
 {
     json_t *runs = json_array(), *sets = json_array(), *cli = json_array();
     for (int i = 0; i < c->n; i++)
-        json_array_append_new(runs, run_json(&c->runs[i]));
+        json_array_append_new(runs, run_json(c, &c->runs[i]));
     for (int k = 0; k < c->suite.n_sets; k++)
         json_array_append_new(sets, json_string(c->suite.sets[k]));
     for (int k = 0; k < c->o->n_overrides; k++)

@@ -141,10 +141,15 @@ static int seeds_of(const json_t *root, long long *out, int *n, k3rt_error *err)
     return K3RT_OK;
 }
 
-static int push_set(char ***list, int *n, const char *fmt, long long v, k3rt_error *err)
+/* Appends fmt formatted with str when it is given, else with v. */
+static int push_set(char ***list, int *n, const char *fmt, long long v, const char *str,
+                    k3rt_error *err)
 {
-    char buf[64];
-    snprintf(buf, sizeof buf, fmt, v);
+    char buf[1024];
+    if (str)
+        snprintf(buf, sizeof buf, fmt, str);
+    else
+        snprintf(buf, sizeof buf, fmt, v);
     char **grown = realloc(*list, (size_t)(*n + 2) * sizeof **list);
     if (!grown)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
@@ -154,34 +159,55 @@ static int push_set(char ***list, int *n, const char *fmt, long long v, k3rt_err
     return grown[(*n)++] ? K3RT_OK : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
 }
 
-/* The first seed for every run; the base again under each further one, after the base. */
-static int add_seeds(ablate_suite *s, const long long *seeds, int n, k3rt_error *err)
+/* Variant `of` again under each further seed, after it: "<name>-seed<N>". */
+static int add_replicas(ablate_suite *s, int of, const long long *seeds, int n,
+                        k3rt_error *err)
 {
-    s->n_seeds = n;
-    if (!n)
-        return K3RT_OK;
-    K3RT_TRY(push_set(&s->sets, &s->n_sets, "train.seed=%lld", seeds[0], err));
-    s->variants[0].seed = seeds[0];
-    char base[sizeof s->variants[0].name];
-    snprintf(base, sizeof base, "%s", s->variants[0].name);
+    const ablate_variant *v = &s->variants[of];
+    s->variants[of].seed = seeds[0];
     for (int k = 1; k < n; k++) {
         ablate_variant *r = &s->variants[s->n_variants++];
-        int len = snprintf(r->name, sizeof r->name, "%s-seed%lld", base, seeds[k]);
-        if (len >= (int)sizeof r->name)
-            return k3rt_fail(err, K3RT_ERR_INVALID, "suite: base_name '%s' is too long for "
-                             "the seed replicas' names", base);
+        char name[sizeof r->name + 32];
+        snprintf(name, sizeof name, "%s-seed%lld", v->name, seeds[k]);
+        if (strlen(name) >= sizeof r->name)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "suite: the name '%s' is too long for "
+                             "its seed replicas' names", v->name);
+        memcpy(r->name, name, strlen(name) + 1);
         r->seed = seeds[k];
         r->replica = 1;
-        K3RT_TRY(push_set(&r->sets, &r->n_sets, "train.seed=%lld", seeds[k], err));
+        r->of = of;
+        for (int i = 0; i < v->n_sets; i++)
+            K3RT_TRY(push_set(&r->sets, &r->n_sets, "%s", 0, v->sets[i], err));
+        K3RT_TRY(push_set(&r->sets, &r->n_sets, "train.seed=%lld", seeds[k], NULL, err));
     }
+    return K3RT_OK;
+}
+
+/* `replicate`: "base" (default) or "all". */
+static int replicate_of(const json_t *root, int n_seeds, int *all, k3rt_error *err)
+{
+    const json_t *v = json_object_get(root, "replicate");
+    *all = 0;
+    if (!v)
+        return K3RT_OK;
+    const char *s = json_string_value(v);
+    if (!s || (strcmp(s, "base") && strcmp(s, "all")))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "suite: key 'replicate' expects \"base\" (the "
+                         "base under each seed) or \"all\" (every variant under each seed), "
+                         "got %s%s%s", s ? "\"" : schema_json_kind(v), s ? s : "",
+                         s ? "\"" : "");
+    if (!strcmp(s, "all") && n_seeds < 2)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "suite: replicate = \"all\" needs two or more "
+                         "seeds, e.g. seeds = { 1, 2 }");
+    *all = !strcmp(s, "all");
     return K3RT_OK;
 }
 
 static int build(ablate_suite *s, const json_t *root, k3rt_error *err)
 {
     static const char *const KEYS[] = {"name", "base", "base_name", "description", "set",
-                                       "seeds", "runs", "variants"};
-    K3RT_TRY(schema_check_keys(root, KEYS, 8, "suite", err));
+                                       "seeds", "replicate", "runs", "variants"};
+    K3RT_TRY(schema_check_keys(root, KEYS, 9, "suite", err));
     fs_stem(s->name, sizeof s->name, s->path);
     K3RT_TRY(string_of(root, "name", "suite", s->name, sizeof s->name, 0, err));
     if (!valid_name(s->name))
@@ -204,7 +230,10 @@ static int build(ablate_suite *s, const json_t *root, k3rt_error *err)
     long long seeds[MAX_SEEDS];
     int n_seeds;
     K3RT_TRY(seeds_of(root, seeds, &n_seeds, err));
-    s->variants = calloc(json_array_size(vars) + (size_t)n_seeds + 1, sizeof *s->variants);
+    K3RT_TRY(replicate_of(root, n_seeds, &s->replicate_all, err));
+    s->n_seeds = n_seeds;
+    size_t per = n_seeds > 1 ? (size_t)n_seeds : 1;
+    s->variants = calloc((json_array_size(vars) + 1) * per, sizeof *s->variants);
     if (!s->variants)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     ablate_variant *b = &s->variants[s->n_variants++];
@@ -213,14 +242,26 @@ static int build(ablate_suite *s, const json_t *root, k3rt_error *err)
     if (!valid_name(b->name))
         return k3rt_fail(err, K3RT_ERR_INVALID, "suite: base_name '%s' names a folder: use "
                          "letters, digits, '-', '_' and '.'", b->name);
-    K3RT_TRY(add_seeds(s, seeds, n_seeds, err));
+    /* The first seed for every run (after the suite's own overrides) */
+    if (n_seeds) {
+        K3RT_TRY(push_set(&s->sets, &s->n_sets, "train.seed=%lld", seeds[0], NULL, err));
+        K3RT_TRY(add_replicas(s, 0, seeds, n_seeds, err));
+    }
     size_t i;
     json_t *v;
     json_array_foreach(vars, i, v) {
         char what[64];
         snprintf(what, sizeof what, "suite.variants[%zu]", i + 1);
         K3RT_TRY(add_variant(s, v, what, err));
+        if (s->replicate_all)
+            K3RT_TRY(add_replicas(s, s->n_variants - 1, seeds, n_seeds, err));
     }
+    for (int a = 0; a < s->n_variants; a++)
+        for (int b = 0; b < a; b++)
+            if (!strcmp(s->variants[a].name, s->variants[b].name))
+                return k3rt_fail(err, K3RT_ERR_INVALID, "suite: two runs are named '%s' (a "
+                                 "variant's name is also a seed replica's)",
+                                 s->variants[a].name);
     return K3RT_OK;
 }
 

@@ -8,6 +8,7 @@
  *     description = "...",                 -- optional, copied into the table
  *     set = { "train.steps=600", ... },    -- overrides of every variant, the base included
  *     seeds = { 1, 2 },                    -- optional: the base under each seed (below)
+ *     replicate = "all",                   -- optional: every variant under each seed
  *     runs = "out/shared_runs",            -- optional: a run folder shared between suites
  *     variants = {
  *       { name = "block-attnres", set = { "model.residual=k3.block_attnres{block_layers=2}" } },
@@ -22,6 +23,10 @@
  * override "train.seed=N"), placed after the base. The base's rows measure the seed-to-seed
  * spread the variants' differences are read against (ablate_spread.c).
  *
+ * replicate: "base" (the default) replicates only the base, as above; "all" trains every
+ * variant under each further seed too ("<name>-seed<N>", after it), so a variant is judged by
+ * all of its seeds against all of the base's rather than one run against the spread.
+ *
  * runs: a folder (relative to the working directory) holding the runs, each in a folder named
  * by the hash of its recipe and command, so suites sharing a base configuration share its
  * runs (with --reuse, a run another suite finished is not trained again). Without it, each
@@ -35,8 +40,10 @@ typedef struct ablate_variant {
     char name[64];
     char **sets;                /* the variant's own overrides */
     int n_sets;
-    long long seed;             /* the base and its seed replicas under `seeds`: their seed */
-    int replica;                /* the base again under another of `seeds` */
+    long long seed;             /* under `seeds`, of the runs it fixes (the base, the replicas,
+                                 * every variant with replicate "all"): their seed; else 0 */
+    int replica;                /* a variant again under another of `seeds` */
+    int of;                     /* a replica: the index of the variant it repeats */
 } ablate_variant;
 
 typedef struct ablate_suite {
@@ -47,8 +54,9 @@ typedef struct ablate_suite {
     char **sets;                /* overrides of every variant (with `seeds`, the first seed's) */
     int n_sets;
     int n_seeds;                /* entries of `seeds` (0 without it) */
+    int replicate_all;          /* replicate = "all" */
     char runs[1024];            /* the shared run folder, "" for <out>/<variant> */
-    ablate_variant *variants;   /* [0] is the base itself, then its seed replicas */
+    ablate_variant *variants;   /* [0] is the base itself; each variant's replicas follow it */
     int n_variants;
 } ablate_suite;
 

@@ -253,22 +253,32 @@ static double num_of(const json_t *o, const char *key)
     return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
-START_TEST(test_seed_spread_and_mfu)
+/* dir/out/table.md, to be freed. */
+static char *read_table_md(const char *dir)
 {
-    char dir[512], suite[700], cmd[2048], path[700], text[2048];
-    tu_tmpdir(dir, sizeof dir);
-    snprintf(suite, sizeof suite, "%s/seeds.lua", dir);
+    char path[700], *md;
+    size_t len;
+    k3rt_error err = {0};
+    snprintf(path, sizeof path, "%s/out/table.md", dir);
+    TU_OK(fs_read_file(path, &md, &len, &err), err);
+    return md;
+}
+
+/* A seed suite on tiny.lua cut to 8 steps with 4 evaluations: `keys` (seeds, replicate and
+ * variants) after the common overrides, written to dir/NAME.lua and run into dir/out; its
+ * table.json (4 rows). */
+static json_t *run_seed_suite(const char *dir, const char *name, const char *keys,
+                              char *suite, size_t suite_len)
+{
+    char cmd[2048], path[700], text[2048];
+    snprintf(suite, suite_len, "%s/%s.lua", dir, name);
     snprintf(text, sizeof text,
-             "return { name = 'seeds', base = '%s/scripts/recipes/tiny.lua',\n"
+             "return { name = '%s', base = '%s/scripts/recipes/tiny.lua',\n"
              "  set = { 'train.steps=8', 'train.warmup=1', 'train.eval_interval=2',\n"
              "          'train.log_interval=2', 'train.eval_batches=1',\n"
              "          'train.checkpoint_interval=0', 'plan.micro_batch=2', 'plan.seq_len=32',\n"
-             "          'train.eval_at_start=true' },\n"
-             "  seeds = { 1, 2 },\n"
-             "  variants = { { name = 'mfu', set = { 'plan.peak_tflops=0.01' } },\n"
-             "               { name = 'all-mla', set = { \"model.pattern='M'\",\n"
-             "                                           'model.mixers.K=nil' } } } }\n",
-             tu_source_dir());
+             "          'train.eval_at_start=true' },\n%s }\n",
+             name, tu_source_dir(), keys);
     tu_write_file(suite, text);
     snprintf(cmd, sizeof cmd, "cd %s && %s ablate %s --out %s/out", tu_source_dir(),
              tu_k3rt_bin(), suite, dir);
@@ -280,6 +290,22 @@ START_TEST(test_seed_spread_and_mfu)
     json_t *t = json_load_file(path, 0, NULL);
     ck_assert_ptr_nonnull(t);
     ck_assert_int_eq((int)json_array_size(json_object_get(t, "variants")), 4);
+    return t;
+}
+
+START_TEST(test_seed_spread_and_mfu)
+{
+    char dir[512], suite[700], cmd[2048], path[700];
+    tu_tmpdir(dir, sizeof dir);
+    json_t *t = run_seed_suite(
+        dir, "seeds",
+        "  seeds = { 1, 2 },\n"
+        "  variants = { { name = 'mfu', set = { 'plan.peak_tflops=0.01' } },\n"
+        "               { name = 'all-mla',\n"
+        "                 set = { \"model.pattern='M'\", 'model.mixers.K=nil' } } }",
+        suite, sizeof suite);
+    char *out = NULL;
+    int rc;
     const json_t *base = row_named(t, "base"), *seed2 = row_named(t, "base-seed2");
     const json_t *mfu = row_named(t, "mfu"), *mla = row_named(t, "all-mla");
     ck_assert_int_eq(json_integer_value(json_object_get(base, "seed")), 1);
@@ -319,11 +345,7 @@ START_TEST(test_seed_spread_and_mfu)
     double expect = num_of(mfu, "tokens_per_s") * num_of(mfu, "flops") / num_of(mfu, "tokens") /
                     0.01e12;
     ck_assert_msg(fabs(u - expect) <= 1e-9 * expect, "mfu %.17g, expected %.17g", u, expect);
-    snprintf(path, sizeof path, "%s/out/table.md", dir);
-    char *md, cell[128], want[160];
-    size_t len;
-    k3rt_error err = {0};
-    TU_OK(fs_read_file(path, &md, &len, &err), err);
+    char *md = read_table_md(dir), cell[128], want[160];
     md_cell(md, "base", "MFU", cell, sizeof cell);
     ck_assert_str_eq(cell, "-");
     md_cell(md, "mfu", "MFU", cell, sizeof cell);
@@ -351,6 +373,45 @@ START_TEST(test_seed_spread_and_mfu)
     free(out);
     snprintf(path, sizeof path, "%s/out2", dir);
     ck_assert(!fs_exists(path));
+}
+END_TEST
+
+/* replicate = "all": the variant trains under both seeds too; its row quotes the mean of
+ * its runs against the base's mean, and it is beyond the spread exactly when its two runs and
+ * the base's two do not overlap. */
+START_TEST(test_replicate_all)
+{
+    char dir[512], suite[700];
+    tu_tmpdir(dir, sizeof dir);
+    json_t *t = run_seed_suite(
+        dir, "replicate",
+        "  seeds = { 1, 2 }, replicate = 'all',\n"
+        "  variants = { { name = 'all-mla',\n"
+        "                 set = { \"model.pattern='M'\", 'model.mixers.K=nil' } } }",
+        suite, sizeof suite);
+    const json_t *b1 = row_named(t, "base"), *b2 = row_named(t, "base-seed2");
+    const json_t *v1 = row_named(t, "all-mla"), *v2 = row_named(t, "all-mla-seed2");
+    ck_assert_int_eq(json_integer_value(json_object_get(v2, "seed")), 2);
+    ck_assert_str_eq(json_string_value(json_object_get(v2, "replica_of")), "all-mla");
+    double lb1 = num_of(b1, "final_val_loss"), lb2 = num_of(b2, "final_val_loss");
+    double lv1 = num_of(v1, "final_val_loss"), lv2 = num_of(v2, "final_val_loss");
+    ck_assert_msg(lv1 != lv2, "the variant's two seeds ended at the same loss %.17g", lv1);
+    ck_assert(lv2 == tu_metrics_final_val_loss(json_string_value(json_object_get(v2, "dir"))));
+    double mean_v = (lv1 + lv2) / 2, mean_b = (lb1 + lb2) / 2;
+    ck_assert(num_of(v1, "seed_mean_final_val_loss") == mean_v);
+    ck_assert_int_eq(json_integer_value(json_object_get(v1, "seed_runs")), 2);
+    ck_assert(num_of(json_object_get(t, "seed_spread"), "base_mean_final_val_loss") == mean_b);
+    int apart = fmax(lv1, lv2) < fmin(lb1, lb2) || fmin(lv1, lv2) > fmax(lb1, lb2);
+    ck_assert(json_is_true(json_object_get(v1, "beyond_seed_spread")) == apart);
+    ck_assert(json_is_null(json_object_get(v2, "beyond_seed_spread")));
+    char *md = read_table_md(dir), cell[128], want[160];
+    md_cell(md, "all-mla", "Δ val loss vs base", cell, sizeof cell);
+    snprintf(want, sizeof want, "%+.4f (mean of 2), %s", mean_v - mean_b,
+             apart ? "beyond" : "within");
+    ck_assert_str_eq(cell, want);
+    ck_assert_msg(strstr(md, "Every variant ran under each seed."), "%s", md);
+    free(md);
+    json_decref(t);
 }
 END_TEST
 
@@ -448,6 +509,7 @@ int main(void)
     tcase_add_test(tc, test_failing_variant);
     tcase_add_test(tc, test_misspelt_override_fails_first);
     tcase_add_test(tc, test_seed_spread_and_mfu);
+    tcase_add_test(tc, test_replicate_all);
     tcase_add_test(tc, test_gpu_suites);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);

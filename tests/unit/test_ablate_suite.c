@@ -97,6 +97,44 @@ START_TEST(test_seeds_and_runs)
 }
 END_TEST
 
+/* replicate = "all": each variant, with its own overrides, again under each further seed,
+ * right after it. */
+START_TEST(test_replicate_all)
+{
+    ablate_suite s;
+    k3rt_error err;
+    TU_OK(load("return { base = 'r.lua', seeds = { 1, 2 }, replicate = 'all',\n"
+               "  variants = { { name = 'v', set = { 'model.layers=2', 'plan.micro_batch=3' } },\n"
+               "               { name = 'w' } } }\n",
+               &s, &err),
+          err);
+    ck_assert(s.replicate_all);
+    ck_assert_int_eq(s.n_variants, 6);
+    const char *names[] = {"base", "base-seed2", "v", "v-seed2", "w", "w-seed2"};
+    const int of[] = {0, 0, 0, 2, 0, 4}, seeds[] = {1, 2, 1, 2, 1, 2};
+    for (int i = 0; i < 6; i++) {
+        ck_assert_str_eq(s.variants[i].name, names[i]);
+        ck_assert_int_eq(s.variants[i].replica, i % 2);
+        ck_assert_int_eq(s.variants[i].seed, seeds[i]);
+        if (i % 2)
+            ck_assert_int_eq(s.variants[i].of, of[i]);
+    }
+    ck_assert_int_eq(s.variants[3].n_sets, 3);
+    ck_assert_str_eq(s.variants[3].sets[0], "model.layers=2");
+    ck_assert_str_eq(s.variants[3].sets[1], "plan.micro_batch=3");
+    ck_assert_str_eq(s.variants[3].sets[2], "train.seed=2");
+    ck_assert_int_eq(s.variants[5].n_sets, 1);
+    ck_assert_str_eq(s.variants[5].sets[0], "train.seed=2");
+    suite_free(&s);
+    /* the default replicates the base only */
+    TU_OK(load("return { base = 'r.lua', seeds = { 1, 2 }, replicate = 'base',\n"
+               "  variants = { { name = 'v' } } }\n", &s, &err), err);
+    ck_assert(!s.replicate_all);
+    ck_assert_int_eq(s.n_variants, 3);
+    suite_free(&s);
+}
+END_TEST
+
 static void fails(const char *text, const char *needle)
 {
     ablate_suite s;
@@ -134,6 +172,14 @@ START_TEST(test_mistakes)
           "key 'seeds' expects a list");
     fails("return { base = 'r.lua', seeds = { 1, 2 }, variants = { { name = 'base-seed2' } } }",
           "name 'base-seed2' is used twice");
+    fails("return { base = 'r.lua', seeds = { 1, 2 }, replicate = 'some', variants = { { name "
+          "= 'a' } } }", "key 'replicate' expects \"base\" (the base under each seed) or \"all\"");
+    fails("return { base = 'r.lua', seeds = { 1 }, replicate = 'all', variants = { { name = "
+          "'a' } } }", "replicate = \"all\" needs two or more seeds");
+    fails("return { base = 'r.lua', seeds = { 1, 2 }, replicate = 'all', variants = { { name = "
+          "'a' }, { name = 'a-seed2' } } }", "name 'a-seed2' is used twice");
+    fails("return { base = 'r.lua', seeds = { 1, 2 }, replicate = 'all', variants = { { name = "
+          "'a-seed2' }, { name = 'a' } } }", "two runs are named 'a-seed2'");
     fails("return { base = 'r.lua', runs = 3, variants = { { name = 'a' } } }",
           "key 'runs' expects a non-empty string");
     fails("return { base = 'r.lua', seed = { 1 }, variants = { { name = 'a' } } }",
@@ -150,6 +196,7 @@ int main(void)
     TCase *tc = tcase_create("suite");
     tcase_add_test(tc, test_valid_suite);
     tcase_add_test(tc, test_seeds_and_runs);
+    tcase_add_test(tc, test_replicate_all);
     tcase_add_test(tc, test_mistakes);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
