@@ -122,7 +122,7 @@ static void choose_jobs(ablate_ctx *c)
 static int setup(ablate_ctx *c, k3rt_error *err)
 {
     const ablate_options *o = c->o;
-    K3RT_TRY(suite_load(o->suite_path, &c->suite, err));
+    K3RT_TRY(suite_load(o->suite_path, o->replicate, &c->suite, err));
     if (o->out_root)
         snprintf(c->root, sizeof c->root, "%s", o->out_root);
     else

@@ -27,6 +27,7 @@ typedef struct ablate_options {
     int reuse;                     /* keep a variant whose finished run used the same command */
     int quiet;
     int dry_run;                   /* check and plan every variant, print them, train nothing */
+    const char *replicate;         /* "base" / "all" over the suite's `replicate`; NULL: its own */
     const char *command;           /* the command line, recorded with the table */
 } ablate_options;
 

@@ -183,27 +183,28 @@ static int add_replicas(ablate_suite *s, int of, const long long *seeds, int n,
     return K3RT_OK;
 }
 
-/* `replicate`: "base" (default) or "all". */
-static int replicate_of(const json_t *root, int n_seeds, int *all, k3rt_error *err)
+/* `replicate`: "base" (default) or "all"; `given` (the command line's) over the suite's. */
+static int replicate_of(const json_t *root, const char *given, int n_seeds, int *all,
+                        k3rt_error *err)
 {
     const json_t *v = json_object_get(root, "replicate");
     *all = 0;
-    if (!v)
+    if (!v && !given)
         return K3RT_OK;
-    const char *s = json_string_value(v);
+    const char *s = given ? given : json_string_value(v);
     if (!s || (strcmp(s, "base") && strcmp(s, "all")))
-        return k3rt_fail(err, K3RT_ERR_INVALID, "suite: key 'replicate' expects \"base\" (the "
+        return k3rt_fail(err, K3RT_ERR_INVALID, "%s expects \"base\" (the "
                          "base under each seed) or \"all\" (every variant under each seed), "
-                         "got %s%s%s", s ? "\"" : schema_json_kind(v), s ? s : "",
-                         s ? "\"" : "");
+                         "got %s%s%s", given ? "--replicate" : "suite: key 'replicate'",
+                         s ? "\"" : schema_json_kind(v), s ? s : "", s ? "\"" : "");
     if (!strcmp(s, "all") && n_seeds < 2)
         return k3rt_fail(err, K3RT_ERR_INVALID, "suite: replicate = \"all\" needs two or more "
-                         "seeds, e.g. seeds = { 1, 2 }");
+                         "seeds in the suite, e.g. seeds = { 1, 2 }");
     *all = !strcmp(s, "all");
     return K3RT_OK;
 }
 
-static int build(ablate_suite *s, const json_t *root, k3rt_error *err)
+static int build(ablate_suite *s, const json_t *root, const char *replicate, k3rt_error *err)
 {
     static const char *const KEYS[] = {"name", "base", "base_name", "description", "set",
                                        "seeds", "replicate", "runs", "variants"};
@@ -230,7 +231,7 @@ static int build(ablate_suite *s, const json_t *root, k3rt_error *err)
     long long seeds[MAX_SEEDS];
     int n_seeds;
     K3RT_TRY(seeds_of(root, seeds, &n_seeds, err));
-    K3RT_TRY(replicate_of(root, n_seeds, &s->replicate_all, err));
+    K3RT_TRY(replicate_of(root, replicate, n_seeds, &s->replicate_all, err));
     s->n_seeds = n_seeds;
     size_t per = n_seeds > 1 ? (size_t)n_seeds : 1;
     s->variants = calloc((json_array_size(vars) + 1) * per, sizeof *s->variants);
@@ -265,7 +266,7 @@ static int build(ablate_suite *s, const json_t *root, k3rt_error *err)
     return K3RT_OK;
 }
 
-int suite_load(const char *path, ablate_suite *s, k3rt_error *err)
+int suite_load(const char *path, const char *replicate, ablate_suite *s, k3rt_error *err)
 {
     memset(s, 0, sizeof *s);
     snprintf(s->path, sizeof s->path, "%s", path);
@@ -292,7 +293,7 @@ int suite_load(const char *path, ablate_suite *s, k3rt_error *err)
     if (!rc)
         rc = sandbox_run(sb, evaluate, &j, err);
     if (!rc)
-        rc = build(s, raw.root, err);
+        rc = build(s, raw.root, replicate, err);
     if (rc && rc != K3RT_ERR_LIMIT && !strstr(err->msg, path))
         k3rt_error_prefix(err, "%s: ", path);
     raw_doc_free(&raw);

@@ -60,7 +60,9 @@ typedef struct ablate_suite {
     int n_variants;
 } ablate_suite;
 
-int suite_load(const char *path, ablate_suite *s, k3rt_error *err);
+/* replicate: "base" or "all" over the suite's own `replicate` (k3rt ablate --replicate), or
+ * NULL. */
+int suite_load(const char *path, const char *replicate, ablate_suite *s, k3rt_error *err);
 void suite_free(ablate_suite *s);
 
 #endif

@@ -22,6 +22,8 @@ static void usage(FILE *to)
             "  --jobs N             train N variants at once on the CPU, splitting its threads\n"
             "                       (GPU runs train one at a time)\n"
             "  --reuse              keep runs already finished with the same recipe and command\n"
+            "  --replicate all|base every variant under each of the suite's seeds, or the base\n"
+            "                       only (over the suite's `replicate`)\n"
             "  --dry-run            check and plan every variant, print them, train nothing\n"
             "  --plugin-path DIRS   extra plugin directories (':'-separated), searched first\n"
             "  --quiet              no progress lines and no table on stdout\n");
@@ -79,6 +81,8 @@ int cmd_ablate(int argc, char **argv)
             o.jobs = (int)j;
         } else if (!strcmp(a, "--dry-run")) {
             o.dry_run = 1;
+        } else if (!strcmp(a, "--replicate") && has_value) {
+            o.replicate = argv[++i];
         } else if (!strcmp(a, "--reuse")) {
             o.reuse = 1;
         } else if (!strcmp(a, "--plugin-path") && has_value) {

@@ -470,6 +470,19 @@ START_TEST(test_gpu_suites)
         free(out);
     }
     free(header);
+    /* --replicate all over the suite's default: each variant gets its seed-2 run, planned in
+     * a folder of its own; a value other than base / all is refused. */
+    snprintf(cmd, sizeof cmd, "cd %s && %s ablate scripts/recipes/ablations/gpu/attnres.lua "
+             "--dry-run --replicate all", tu_source_dir(), tu_k3rt_bin());
+    ck_assert_msg(tu_run(cmd, &out) == 0, "%s\n%s", cmd, out);
+    ck_assert_msg(strstr(out, "\n  standard-seed2 ") && strstr(out, "--set train.seed=2\n"
+                  "                         in out/gpu_runs/"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "cd %s && %s ablate scripts/recipes/ablations/gpu/attnres.lua "
+             "--dry-run --replicate some 2>&1", tu_source_dir(), tu_k3rt_bin());
+    ck_assert_int_eq(tu_run(cmd, &out), 1);
+    ck_assert_msg(strstr(out, "--replicate expects \"base\""), "%s", out);
+    free(out);
     /* Shrunk: one suite trains its three or four runs; another finds its base and seed
      * replica in the shared folder and trains only its own variant. */
     json_t *opt = ablate_json(dir, "optimizer", "");

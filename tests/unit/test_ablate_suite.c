@@ -15,7 +15,7 @@ static int load(const char *text, ablate_suite *s, k3rt_error *err)
     snprintf(path, sizeof path, "%s/suite.lua", g_dir);
     tu_write_file(path, text);
     memset(err, 0, sizeof *err);
-    return suite_load(path, s, err);
+    return suite_load(path, NULL, s, err);
 }
 
 START_TEST(test_valid_suite)
