@@ -44,6 +44,8 @@ void cuda_free(int device, void *ptr);
 int cuda_cache_release(int device, k3rt_error *err);
 /* Bytes handed out and bytes held on free lists (both rounded to size classes). */
 void cuda_cache_stats(int device, size_t *in_use, size_t *cached);
+/* The most bytes in use since the last reset; reset starts the next window at what is in use. */
+size_t cuda_cache_peak(int device, int reset);
 void *cuda_alloc_pinned(size_t bytes, k3rt_error *err);
 void cuda_free_pinned(void *ptr);
 /* Copies in any direction; kind is derived from the two devices. */

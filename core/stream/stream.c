@@ -2,6 +2,8 @@
  * to the CPU or CUDA backend. */
 #include "backend/backend.h"
 
+#include <malloc.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +123,19 @@ int k3rt_event_elapsed_ms(const k3rt_event *start, const k3rt_event *end, double
     return K3RT_OK;
 }
 
+/* Host memory handed out by k3rt_alloc, all threads of the process, for the peak-memory
+ * report: counted by the allocator's usable size, which free can read back. */
+static _Atomic int64_t g_host_in_use, g_host_peak;
+
+static void host_count(void *p, int sign)
+{
+    int64_t n = sign * (int64_t)malloc_usable_size(p);
+    int64_t now = atomic_fetch_add(&g_host_in_use, n) + n;
+    int64_t peak = atomic_load(&g_host_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&g_host_peak, &peak, now))
+        ;
+}
+
 void *k3rt_alloc(int device, size_t bytes, k3rt_error *err)
 {
     if (!is_cpu(device))
@@ -130,6 +145,8 @@ void *k3rt_alloc(int device, size_t bytes, k3rt_error *err)
     void *p = aligned_alloc(64, rounded ? rounded : 64);
     if (!p)
         k3rt_fail(err, K3RT_ERR_NOMEM, "cannot allocate %zu bytes of host memory", bytes);
+    else
+        host_count(p, 1);
     return p;
 }
 
@@ -137,10 +154,22 @@ void k3rt_free(int device, void *ptr)
 {
     if (!ptr)
         return;
-    if (!is_cpu(device))
+    if (!is_cpu(device)) {
         cuda_free(device, ptr);
-    else
+    } else {
+        host_count(ptr, -1);
         free(ptr);
+    }
+}
+
+size_t k3rt_device_memory_peak(int device, int reset)
+{
+    if (!is_cpu(device))
+        return cuda_cache_peak(device, reset);
+    int64_t p = atomic_load(&g_host_peak);
+    if (reset)
+        atomic_store(&g_host_peak, atomic_load(&g_host_in_use));
+    return p > 0 ? (size_t)p : 0;
 }
 
 void *k3rt_alloc_pinned(size_t bytes, k3rt_error *err) { return cuda_alloc_pinned(bytes, err); }

@@ -124,6 +124,16 @@ static void format_eta(double s, char *buf, size_t len)
         snprintf(buf, len, "%dm%02ds", (int)(s / 60), (int)s % 60);
 }
 
+/* Bytes as the progress line shows them: "84.4 GB", "312 MB" (decimal units, as nvidia-smi's
+ * neighbours and the planner print them). */
+static void format_bytes(double b, char *buf, size_t len)
+{
+    if (b >= 1e9)
+        snprintf(buf, len, "%.1f GB", b / 1e9);
+    else
+        snprintf(buf, len, "%.0f MB", b / 1e6);
+}
+
 int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
 {
     run *r = c->r;
@@ -144,6 +154,11 @@ int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
             json_object_set(rec, "moe", moe);
             json_object_set_new(rec, "maxvio_worst", json_real(worst));
         }
+        /* The interval's peak on rank 0's device, then a new window for the next interval. */
+        double peak = (double)k3rt_device_memory_peak(r->device, 1);
+        char mem[48];
+        format_bytes(peak, mem, sizeof mem);
+        json_object_set_new(rec, "peak_mem_bytes", json_real(peak));
         char mfu[64] = "";
         if (r->peak_flops > 0 && dt > 0) {
             /* Both counts: the plugins' own FLOPs, and the 6 N_active per token convention. */
@@ -164,11 +179,11 @@ int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
             format_eta(eta, eta_s, sizeof eta_s);
             if (moe)
                 snprintf(vio, sizeof vio, " | maxvio %.2f", worst);
-            log_info("step %6lld/%lld | loss %.4f | lr %.2e | grad %.3f | %.1fk tok/s%s%s | ETA "
-                     "%s", (long long)step, (long long)r->steps, mean,
+            log_info("step %6lld/%lld | loss %.4f | lr %.2e | grad %.3f | %.1fk tok/s%s%s | mem "
+                     "%s | ETA %s", (long long)step, (long long)r->steps, mean,
                      json_real_value(json_object_get(rec, "lr")),
                      json_number_value(json_object_get(rec, "grad_norm")), tps / 1000.0, mfu, vio,
-                     eta_s);
+                     mem, eta_s);
         }
     }
     json_decref(moe);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "testutil/peak_kit.h"
 #include "testutil/testutil.h"
 
 static k3rt_stream *G;  /* CUDA stream on device 0 */
@@ -911,6 +912,13 @@ static void mem_stats(size_t *in_use, size_t *cached)
     *in_use = m.in_use, *cached = m.cached;
 }
 
+/* The peak-memory report's counter on the device (testutil/peak_kit.h). */
+START_TEST(allocator_peak_windows)
+{
+    pk_check_peak(0);
+}
+END_TEST
+
 START_TEST(allocator_reuses_and_releases)
 {
     k3rt_error err = {0};
@@ -1002,6 +1010,7 @@ static Suite *suite(void)
 #endif
     tcase_add_test(t, adamw_multi_vs_cpu);
     tcase_add_test(t, allocator_reuses_and_releases);
+    tcase_add_test(t, allocator_peak_windows);
     tcase_add_test(t, pinned_round_trip);
     suite_add_tcase(s, t);
     /* Its own case, so that CK_RUN_CASE=grouped runs it alone (under compute-sanitizer). */

@@ -118,6 +118,53 @@ START_TEST(eval_at_start_records_step_zero)
 }
 END_TEST
 
+/* Every progress record carries the interval's peak memory through k3rt's allocator: at
+ * least the fp32 masters, gradients and optimizer state the planner counts (they live all
+ * run long), and within 3x the planner's whole estimate (which leaves out the data and the
+ * evaluation); the progress line shows it. */
+START_TEST(peak_memory_is_reported)
+{
+    char out[512], path[1024], cmd[2048], *log = NULL, *plan_text = NULL;
+    tu_tmpdir(out, sizeof out);
+    snprintf(cmd, sizeof cmd, "cd %s && %s plan scripts/recipes/tiny_dense.lua --gpus 1 --json",
+             tu_source_dir(), tu_k3rt_bin());
+    ck_assert_int_eq(tu_run(cmd, &plan_text), 0);
+    json_t *plan = json_loads(plan_text, 0, NULL);
+    ck_assert_msg(plan != NULL, "%s", plan_text);
+    free(plan_text);
+    const json_t *mem = json_object_get(plan, "memory");
+    double states = json_number_value(json_object_get(mem, "master")) +
+                    json_number_value(json_object_get(mem, "gradients")) +
+                    json_number_value(json_object_get(mem, "optimizer"));
+    double total = json_number_value(json_object_get(mem, "total"));
+    json_decref(plan);
+    snprintf(cmd, sizeof cmd, "cd %s && %s train scripts/recipes/tiny_dense.lua --out %s "
+             "--set train.steps=3 --set train.log_interval=1 --set train.checkpoint_interval=0 "
+             "--no-sample", tu_source_dir(), tu_k3rt_bin(), out);
+    ck_assert_msg(tu_run(cmd, &log) == 0, "%s", log);
+    ck_assert_msg(strstr(log, "step      3/3 |") && strstr(log, " MB | ETA"), "%s", log);
+    free(log);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    int progress = 0;
+    json_t *rec;
+    while ((rec = json_loadf(f, JSON_DISABLE_EOF_CHECK, NULL))) {
+        if (json_object_get(rec, "tokens_per_s")) {
+            double peak = json_number_value(json_object_get(rec, "peak_mem_bytes"));
+            ck_assert_msg(peak >= states && peak <= 3 * total, "step %lld: peak %.0f bytes, "
+                          "states %.0f, planned total %.0f",
+                          (long long)json_integer_value(json_object_get(rec, "step")), peak,
+                          states, total);
+            progress++;
+        }
+        json_decref(rec);
+    }
+    fclose(f);
+    ck_assert_int_eq(progress, 3);
+}
+END_TEST
+
 START_TEST(main_job_outputs)
 {
     char out[512], *log = NULL, path[1024];
@@ -215,6 +262,7 @@ int main(void)
     tcase_add_test(tc, data_parallel_equals_one_rank_with_the_whole_batch);
     tcase_add_test(tc, main_job_outputs);
     tcase_add_test(tc, eval_at_start_records_step_zero);
+    tcase_add_test(tc, peak_memory_is_reported);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

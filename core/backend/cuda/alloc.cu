@@ -29,6 +29,13 @@ struct device_cache {
     std::unordered_map<void *, size_t> live;       // block -> its size class
     std::map<size_t, std::vector<void *>> free_;   // size class -> cached blocks
     size_t in_use = 0, cached = 0;
+    size_t peak = 0;                               // most in_use since the last reset
+    void take(size_t cls)
+    {
+        in_use += cls;
+        if (in_use > peak)
+            peak = in_use;
+    }
 };
 
 device_cache g_cache[kMaxDevices];
@@ -95,7 +102,7 @@ extern "C" void *cuda_alloc(int device, size_t bytes, k3rt_error *err)
             it->second.pop_back();
             c.live[p] = cls;
             c.cached -= cls;
-            c.in_use += cls;
+            c.take(cls);
             return p;
         }
         int prev = -1;
@@ -125,7 +132,7 @@ extern "C" void *cuda_alloc(int device, size_t bytes, k3rt_error *err)
             return nullptr;
         }
         c.live[p] = cls;
-        c.in_use += cls;
+        c.take(cls);
         return p;
     } catch (const std::bad_alloc &) {
         k3rt_fail(err, K3RT_ERR_NOMEM, "out of host memory in the CUDA allocator's tables");
@@ -178,6 +185,18 @@ extern "C" void cuda_cache_stats(int device, size_t *in_use, size_t *cached)
         *in_use = u;
     if (cached)
         *cached = k;
+}
+
+extern "C" size_t cuda_cache_peak(int device, int reset)
+{
+    if (check_device(device, nullptr))
+        return 0;
+    device_cache &c = g_cache[device];
+    std::lock_guard<std::mutex> lock(c.mu);
+    size_t p = c.peak;
+    if (reset)
+        c.peak = c.in_use;
+    return p;
 }
 
 extern "C" void *cuda_alloc_pinned(size_t bytes, k3rt_error *err)

@@ -80,6 +80,12 @@ void cuda_cache_stats(int device, size_t *in_use, size_t *cached)
     if (cached)
         *cached = 0;
 }
+size_t cuda_cache_peak(int device, int reset)
+{
+    (void)device;
+    (void)reset;
+    return 0;
+}
 void *cuda_alloc_pinned(size_t bytes, k3rt_error *err)
 {
     (void)bytes;

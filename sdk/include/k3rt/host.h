@@ -69,6 +69,11 @@ typedef struct k3rt_device_memory {
     size_t cached;   /* bytes held on its free lists */
 } k3rt_device_memory;
 K3RT_API void k3rt_device_memory_stats(int device, k3rt_device_memory *out);
+/* The most bytes in use at once through k3rt_alloc on the device since the last reset (the
+ * CPU: host memory, every thread of the process; CUDA: the caching allocator's size classes,
+ * without its free lists or the CUDA context). reset starts the next window at what is in
+ * use now. */
+K3RT_API size_t k3rt_device_memory_peak(int device, int reset);
 /* Gives the device's cached free blocks back to the driver (synchronises the device). */
 K3RT_API int k3rt_device_cache_release(int device, k3rt_error *err);
 
