@@ -15,24 +15,35 @@ static const char *hub_key(const json_t *v, const json_t **null_is)
     return json_is_string(v) ? json_string_value(v) : json_string_value(json_object_get(v, "key"));
 }
 
+/* The Hub key and, under "also", the keys that repeat its value (num_key_value_heads). */
 static void set_hub(json_t *cfg, const json_t *map_value, const json_t *value)
 {
     const json_t *null_is;
     const char *key = hub_key(map_value, &null_is);
-    if (key && value)
-        hf_set_path(cfg, key, null_is && json_equal(value, null_is) ? json_null()
-                                                                     : json_deep_copy(value));
+    if (!key || !value)
+        return;
+    json_t *v = null_is && json_equal(value, null_is) ? json_null() : json_deep_copy(value);
+    size_t i;
+    const json_t *also;
+    json_array_foreach(json_object_get(map_value, "also"), i, also)
+        hf_set_path(cfg, json_string_value(also), json_deep_copy(v));
+    hf_set_path(cfg, key, v);
 }
 
-/* The Hub's value of an option: a constant, or {"option": other} (the module's other option). */
-static const json_t *hub_value(const json_t *want, const json_t *config)
+/* The Hub's value of an option: a constant, {"option": other} (the module's other option) or
+ * {"model": key} (the model document's key: latent_moe's latent width is d_model there). */
+static const json_t *hub_value(const json_t *want, const json_t *config, const json_t *model)
 {
     const json_t *other = json_object_get(want, "option");
-    return json_is_string(other) ? json_object_get(config, json_string_value(other)) : want;
+    if (json_is_string(other))
+        return json_object_get(config, json_string_value(other));
+    const json_t *key = json_object_get(want, "model");
+    return json_is_string(key) ? json_object_get(model, json_string_value(key)) : want;
 }
 
 /* One module's options into the config, and how it differs from the Hub's Kimi-Linear. */
-static void module_config(const hf_table *t, const json_t *spec, json_t *cfg, json_t *differs)
+static void module_config(const hf_table *t, const json_t *model, const json_t *spec, json_t *cfg,
+                          json_t *differs)
 {
     const char *plugin = json_string_value(json_object_get(spec, "plugin"));
     const json_t *entry = hf_table_plugin(t, plugin), *config = json_object_get(spec, "config");
@@ -47,7 +58,7 @@ static void module_config(const hf_table *t, const json_t *spec, json_t *cfg, js
     json_object_foreach(json_object_get(entry, "config"), opt, v)
         set_hub(cfg, v, json_object_get(config, opt));
     json_object_foreach(json_object_get(entry, "hub"), opt, v) {
-        const json_t *have = json_object_get(config, opt), *want = hub_value(v, config);
+        const json_t *have = json_object_get(config, opt), *want = hub_value(v, config, model);
         int same = have && want && (json_equal(have, want) ||
                                     (json_is_number(have) && json_is_number(want) &&
                                      json_number_value(have) == json_number_value(want)));
@@ -76,18 +87,20 @@ static int differs_has(const json_t *differs, const char *d)
     return 0;
 }
 
-int hf_config_from_model(const hf_table *t, const json_t *model, int dtype, json_t **out,
-                         k3rt_error *err)
+int hf_config_from_model(const hf_table *t, const json_t *model, int dtype,
+                         const json_t *extra_differs, json_t **out, k3rt_error *err)
 {
-    json_t *cfg = json_pack("{s:[s], s:s, s:b, s:s, s:b}", "architectures",
-                            "KimiLinearForCausalLM", "torch_dtype",
-                            dtype == K3RT_BF16 ? "bfloat16" : "float32", "tie_word_embeddings", 0,
-                            "hidden_act", "silu", "mla_use_nope", 1);
+    /* "dtype" as transformers >= 4.56 writes it, "torch_dtype" for older readers */
+    const char *dt = dtype == K3RT_BF16 ? "bfloat16" : "float32";
+    json_t *cfg = json_pack("{s:[s], s:s, s:s}", "architectures", "KimiLinearForCausalLM",
+                            "dtype", dt, "torch_dtype", dt);
     json_t *differs = json_array(), *seen = json_array();
     if (!cfg || !differs || !seen)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     const char *key;
     const json_t *v;
+    json_object_foreach(json_object_get(json_object_get(t->doc, "model"), "fixed"), key, v)
+        hf_set_path(cfg, key, json_deep_copy(json_object_get(v, "value")));
     json_object_foreach(json_object_get(json_object_get(t->doc, "model"), "config"), key, v)
         set_hub(cfg, v, json_object_get(model, key));
     int layers = (int)json_integer_value(json_object_get(model, "layers"));
@@ -114,7 +127,7 @@ int hf_config_from_model(const hf_table *t, const json_t *model, int dtype, json
             if (spec && !dup) {
                 json_array_append(seen, (json_t *)spec);
                 json_t *d = json_array();
-                module_config(t, spec, cfg, d);
+                module_config(t, model, spec, cfg, d);
                 json_array_foreach(d, k, prev)
                     if (!differs_has(differs, json_string_value(prev)))
                         json_array_append(differs, (json_t *)prev);
@@ -128,6 +141,10 @@ int hf_config_from_model(const hf_table *t, const json_t *model, int dtype, json
         snprintf(d, sizeof d, "residual %s: not in the table", res ? res : "?");
         json_array_append_new(differs, json_string(d));
     }
+    size_t k;
+    const json_t *d;
+    json_array_foreach(extra_differs, k, d)
+        json_array_append(differs, (json_t *)d);
     int kimi = json_array_size(differs) == 0;
     json_object_set_new(cfg, "model_type", json_string(kimi ? "kimi_linear" : "kimi_k3"));
     json_t *k3 = json_pack("{s:i, s:O}", "format", 1, "model", model);
@@ -141,7 +158,8 @@ int hf_config_from_model(const hf_table *t, const json_t *model, int dtype, json
 }
 
 /* A module spec {"plugin", "config"} of a table entry from the Hub fields. */
-static json_t *module_from_hub(const char *plugin, const json_t *entry, const json_t *cfg)
+static json_t *module_from_hub(const char *plugin, const json_t *entry, const json_t *cfg,
+                               const json_t *model)
 {
     json_t *config = json_object();
     const char *opt;
@@ -155,7 +173,7 @@ static json_t *module_from_hub(const char *plugin, const json_t *entry, const js
             json_object_set_new(config, opt, json_deep_copy(have));
     }
     json_object_foreach(json_object_get(entry, "hub"), opt, v) {
-        const json_t *want = hub_value(v, config);
+        const json_t *want = hub_value(v, config, model);
         json_object_set_new(config, opt, want ? json_deep_copy(want) : json_null());
     }
     return json_pack("{s:s, s:o}", "plugin", plugin, "config", config);
@@ -196,7 +214,7 @@ static int mixers_from_hub(const hf_table *t, const json_t *cfg, int layers, jso
         if (!json_array_size(a))
             continue;
         char letter[2] = {(char)toupper((unsigned char)plugin[0]), 0};
-        json_object_set_new(mixers, letter, module_from_hub(plugin, entry, cfg));
+        json_object_set_new(mixers, letter, module_from_hub(plugin, entry, cfg, model));
         size_t k;
         const json_t *v;
         json_array_foreach(a, k, v) {
@@ -243,7 +261,13 @@ static int ffns_from_hub(const hf_table *t, const json_t *cfg, json_t *model, co
     if (score[0] < 0 || !residual)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "%s: no FFN plugin of the table has all "
                          "its fields here, or the table has no residual plugin", path);
-    json_object_set_new(model, "ffn", module_from_hub(best[0], hf_table_plugin(t, best[0]), cfg));
+    const json_t *ffn = hf_table_plugin(t, best[0]);
+    json_object_set_new(model, "ffn", module_from_hub(best[0], ffn, cfg, model));
+    /* a routed FFN whose router bias the Hub keeps (e_score_correction_bias) is balanced the
+     * Hub model's way: DeepSeek / Kimi train with the auxiliary-loss-free bias */
+    const json_t *bal = json_object_get(json_object_get(t->doc, "model"), "hub_balancer");
+    if (json_object_get(ffn, "balancer_state") && json_is_object(bal))
+        json_object_set_new(model, "balancer", json_deep_copy(bal));
     json_int_t dense = json_integer_value(json_object_get(model, "dense_layers"));
     if (dense > 0) {
         if (score[1] < 0)
@@ -251,15 +275,33 @@ static int ffns_from_hub(const hf_table *t, const json_t *cfg, json_t *model, co
                              "no second FFN plugin of the table matches the fields (the dense "
                              "layers' intermediate_size)", path, (long long)dense);
         json_object_set_new(model, "dense_ffn",
-                            module_from_hub(best[1], hf_table_plugin(t, best[1]), cfg));
+                            module_from_hub(best[1], hf_table_plugin(t, best[1]), cfg, model));
     }
     json_object_set_new(model, "residual", json_pack("{s:s, s:{}}", "plugin", residual,
                                                      "config"));
-    const json_t *freq = json_object_get(cfg, "moe_layer_freq");
-    if (freq && json_integer_value(freq) != 1)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "%s: moe_layer_freq %lld: k3rt puts an MoE "
-                         "in every layer after the dense ones (1)", path,
-                         (long long)json_integer_value(freq));
+    return K3RT_OK;
+}
+
+/* The table's "fixed" Hub fields: a folder that states another value is a model k3rt does not
+ * compute, refused by the key and the table's reason. */
+static int check_fixed(const hf_table *t, const json_t *cfg, const char *path, k3rt_error *err)
+{
+    const char *key;
+    const json_t *v;
+    json_object_foreach(json_object_get(json_object_get(t->doc, "model"), "fixed"), key, v) {
+        const json_t *have = hf_get_path(cfg, key), *want = json_object_get(v, "value");
+        if (!have || json_is_null(have) || json_equal(have, want) ||
+            (json_is_number(have) && json_is_number(want) &&
+             json_number_value(have) == json_number_value(want)))
+            continue;
+        char *h = json_dumps(have, JSON_ENCODE_ANY), *w = json_dumps(want, JSON_ENCODE_ANY);
+        int rc = k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "%s: %s = %s, k3rt computes only %s: %s",
+                           path, key, h ? h : "?", w ? w : "?",
+                           json_string_value(json_object_get(v, "why")));
+        free(h);
+        free(w);
+        return rc;
+    }
     return K3RT_OK;
 }
 
@@ -280,12 +322,9 @@ int hf_model_from_config(const hf_table *t, const json_t *cfg, const char *path,
         if (have && !json_is_null(have))
             json_object_set_new(model, key, json_deep_copy(have));
     }
-    if (json_is_true(json_object_get(cfg, "tie_word_embeddings"))) {
-        json_decref(model);
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "%s: tie_word_embeddings: k3rt's LM head "
-                         "is its own parameter", path);
-    }
-    int rc = mixers_from_hub(t, cfg, (int)json_integer_value(json_object_get(model, "layers")),
+    int rc = check_fixed(t, cfg, path, err);
+    if (!rc)
+        rc = mixers_from_hub(t, cfg, (int)json_integer_value(json_object_get(model, "layers")),
                              model, path, err);
     if (!rc)
         rc = ffns_from_hub(t, cfg, model, path, err);

@@ -21,16 +21,19 @@ typedef struct ex_ctx {
     st_file *f;
     char file[1300];
     hf_list out;
+    st_file *state;        /* the checkpoint's state.safetensors (the balancers' biases) */
+    json_t *differs;       /* what the tensors show that the config cannot (non-identity) */
 } ex_ctx;
 
-/* Adds one Hub tensor, converted to the export dtype (borrowed when it already is). */
-static int emit(ex_ctx *c, const char *name, int dtype, int ndim, const int64_t *shape,
-                const void *data, int own, k3rt_error *err)
+/* Adds one Hub tensor, converted to the export dtype (borrowed when it already is, and kept
+ * f32 where the rule says the Hub checkpoint keeps it so: A_log, dt_bias, the router bias). */
+static int emit_as(ex_ctx *c, const char *name, int dtype, int ndim, const int64_t *shape,
+                   const void *data, int own, int keep_f32, k3rt_error *err)
 {
     int64_t n = 1;
     for (int d = 0; d < ndim; d++)
         n *= shape[d];
-    if (dtype == c->o->dtype || !k3rt_dtype_is_float(dtype))
+    if (dtype == c->o->dtype || !k3rt_dtype_is_float(dtype) || (keep_f32 && dtype == K3RT_F32))
         return hf_list_add(&c->out, name, dtype, ndim, shape, data, own, err);
     void *conv = malloc((size_t)n * k3rt_dtype_size(c->o->dtype) + 1);
     int rc = conv ? k3rt_convert(conv, c->o->dtype, data, dtype, n, err)
@@ -42,6 +45,49 @@ static int emit(ex_ctx *c, const char *name, int dtype, int ndim, const int64_t 
         return rc;
     }
     return hf_list_add(&c->out, name, c->o->dtype, ndim, shape, conv, 1, err);
+}
+
+static int emit(ex_ctx *c, const char *name, int dtype, int ndim, const int64_t *shape,
+                const void *data, int own, k3rt_error *err)
+{
+    return emit_as(c, name, dtype, ndim, shape, data, own, 0, err);
+}
+
+/* Whether e is a square identity matrix (f32: what an import of a Hub MoE sets). */
+static int is_identity(const st_entry *e)
+{
+    if (e->ndim != 2 || e->shape[0] != e->shape[1] || e->dtype != K3RT_F32)
+        return 0;
+    const float *p = e->data;
+    for (int64_t r = 0; r < e->shape[0]; r++)
+        for (int64_t k = 0; k < e->shape[1]; k++)
+            if (p[r * e->shape[1] + k] != (r == k ? 1.0f : 0.0f))
+                return 0;
+    return 1;
+}
+
+/* {"view": [dims]}: the Hub shape of a k3rt tensor of the same elements, one dim -1. */
+static int view_shape(ex_ctx *c, const st_entry *e, const json_t *view, int64_t *shape,
+                      int *ndim, k3rt_error *err)
+{
+    int64_t n = 1, known = 1;
+    int free_at = -1;
+    for (int d = 0; d < e->ndim; d++)
+        n *= e->shape[d];
+    *ndim = (int)json_array_size(view);
+    for (int d = 0; d < *ndim && d < 8; d++) {
+        shape[d] = json_integer_value(json_array_get(view, (size_t)d));
+        if (shape[d] == -1 && free_at < 0)
+            free_at = d;
+        else
+            known *= shape[d];
+    }
+    if (*ndim < 1 || *ndim > 8 || known < 1 || (free_at < 0 ? known != n : n % known))
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: the \"view\" of %s does not hold its %lld "
+                         "elements", c->t.path, e->name, (long long)n);
+    if (free_at >= 0)
+        shape[free_at] = n / known;
+    return K3RT_OK;
 }
 
 /* A per-head fusion: the rule's listed siblings (in the module `prefix`) interleaved. */
@@ -112,6 +158,24 @@ static int apply_rule(ex_ctx *c, const st_entry *e, const char *prefix, const js
         return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: the rule of %s has no \"name\"", c->t.path,
                          e->name);
     snprintf(tmpl, sizeof tmpl, "%s%s", hub_prefix, name);
+    if (json_is_true(json_object_get(rule, "identity_if_absent"))) {
+        /* Kimi-Linear's experts work at full width: an identity latent projection is its MoE
+         * exactly and is left out; any other makes the folder a K3 one */
+        if (is_identity(e))
+            return K3RT_OK;
+        char d[256];
+        snprintf(d, sizeof d, "%s is not the identity (Kimi-Linear has no %s)", e->name, name);
+        json_array_append_new(c->differs, json_string(d));
+    }
+    int keep = json_is_true(json_object_get(rule, "keep_f32"));
+    const json_t *view = json_object_get(rule, "view");
+    if (view) {
+        int64_t shape[8];
+        int nd;
+        K3RT_TRY(view_shape(c, e, view, shape, &nd, err));
+        return emit_as(c, hf_fill(hub, sizeof hub, tmpl, layer, 0), e->dtype, nd, shape,
+                       e->data, 0, keep, err);
+    }
     if (json_object_get(rule, "fuse_heads"))
         return fuse(c, prefix, rule, cfg, hf_fill(hub, sizeof hub, tmpl, layer, 0), err);
     if (json_is_true(json_object_get(rule, "conv1d"))) {
@@ -132,8 +196,8 @@ static int apply_rule(ex_ctx *c, const st_entry *e, const char *prefix, const js
                           e->shape + 1, (const char *)e->data + (size_t)j * bytes, 0, err));
         return K3RT_OK;
     }
-    return emit(c, hf_fill(hub, sizeof hub, tmpl, layer, 0), e->dtype, e->ndim, e->shape,
-                e->data, 0, err);
+    return emit_as(c, hf_fill(hub, sizeof hub, tmpl, layer, 0), e->dtype, e->ndim, e->shape,
+                   e->data, 0, keep, err);
 }
 
 static int refuse(ex_ctx *c, const char *name, const char *why, k3rt_error *err)
@@ -182,10 +246,65 @@ static int export_tensor(ex_ctx *c, const st_entry *e, k3rt_error *err)
     return apply_rule(c, e, prefix, rule, hub_prefix, json_object_get(spec, "config"), i, err);
 }
 
+/* The balancers' per-expert selection bias as the Hub router's e_score_correction_bias (the
+ * FFN entry's "balancer_state": state name -> rule): every routed layer gets one, zeros where
+ * the balancer keeps none (none, aux_loss), since a Hub loader leaves a missing one
+ * uninitialised. */
+static int export_balancer_state(ex_ctx *c, const char *dir, k3rt_error *err)
+{
+    char path[1300];
+    st_file *s = NULL;
+    fs_join(path, sizeof path, dir, "state.safetensors");
+    if (fs_exists(path))
+        K3RT_TRY(st_open(path, &s, err));
+    int rc = K3RT_OK;
+    int layers = (int)json_integer_value(json_object_get(c->model, "layers"));
+    for (int i = 0; i < layers && !rc; i++) {
+        const json_t *spec = hf_layer_spec(c->model, i, "ffn");
+        const json_t *entry = hf_table_plugin(&c->t, json_string_value(json_object_get(spec,
+                                                                                     "plugin")));
+        int64_t E = json_integer_value(json_object_get(json_object_get(spec, "config"),
+                                                       "experts"));
+        const char *hp = json_string_value(json_object_get(entry, "prefix"));
+        const char *key;
+        const json_t *rule;
+        json_object_foreach((json_t *)json_object_get(entry, "balancer_state"), key, rule) {
+            char own[160], tmpl[512], hub[512];
+            snprintf(own, sizeof own, "layers.%d.balancer.%s", i, key);
+            snprintf(tmpl, sizeof tmpl, "%s%s", hp ? hp : "",
+                     json_string_value(json_object_get(rule, "name")));
+            hf_fill(hub, sizeof hub, tmpl, i, 0);
+            const st_entry *e = s ? st_find(s, own) : NULL;
+            if (e && (e->ndim != 1 || e->shape[0] != E || e->dtype != K3RT_F32)) {
+                rc = k3rt_fail(err, K3RT_ERR_FORMAT, "%s: %s is not [%lld] f32, the per-expert "
+                               "bias %s holds", path, own, (long long)E, hub);
+                break;
+            }
+            float *zero = e ? NULL : calloc((size_t)(E > 0 ? E : 1), sizeof *zero);
+            if (!e && !zero) {
+                rc = k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+                break;
+            }
+            rc = emit_as(c, hub, K3RT_F32, 1, &E, e ? e->data : zero, !e,
+                         json_is_true(json_object_get(rule, "keep_f32")), err);
+            if (rc)
+                break;
+        }
+    }
+    if (s && !rc) {
+        /* the state file stays open: the list borrows its data until it is written */
+        c->state = s;
+        return K3RT_OK;
+    }
+    if (s)
+        st_close(s);
+    return rc;
+}
+
 static int write_config(ex_ctx *c, k3rt_error *err)
 {
     json_t *cfg;
-    K3RT_TRY(hf_config_from_model(&c->t, c->model, c->o->dtype, &cfg, err));
+    K3RT_TRY(hf_config_from_model(&c->t, c->model, c->o->dtype, c->differs, &cfg, err));
     /* the run's batch geometry and data, so that an import can evaluate it the same way */
     json_t *k3 = json_object_get(cfg, "k3rt");
     const json_t *plan = json_object_get(c->doc, "plan");
@@ -218,6 +337,7 @@ static int run_export(ex_ctx *c, k3rt_error *err)
     K3RT_TRY(st_open(fs_join(c->file, sizeof c->file, dir, "model.safetensors"), &c->f, err));
     for (int i = 0; i < st_count(c->f); i++)
         K3RT_TRY(export_tensor(c, st_at(c->f, i), err));
+    K3RT_TRY(export_balancer_state(c, dir, err));
     K3RT_TRY(fs_mkdirs(c->o->out, err));
     int shards;
     K3RT_TRY(hf_write_weights(c->o->out, &c->out, c->o->shard_bytes, &shards, err));
@@ -232,6 +352,7 @@ int hf_export(const hf_options *o, k3rt_error *err)
     ex_ctx c;
     memset(&c, 0, sizeof c);
     c.o = o;
+    c.differs = json_array();
     registry reg;
     memset(&reg, 0, sizeof reg);
     int rc = registry_init(&reg, o->plugin_path, err);
@@ -242,6 +363,9 @@ int hf_export(const hf_options *o, k3rt_error *err)
     hf_list_free(&c.out);
     if (c.f)
         st_close(c.f);
+    if (c.state)
+        st_close(c.state);
+    json_decref(c.differs);
     json_decref(c.doc);
     hf_table_close(&c.t);
     registry_free(&reg);

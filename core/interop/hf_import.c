@@ -22,6 +22,7 @@ typedef struct im_ctx {
     json_t *model;
     hf_weights w;
     hf_list out;
+    hf_list state;       /* module state (the balancers' biases) for train.init_state */
     json_t *filled;      /* stacked expert tensors: k3rt name -> experts copied so far */
     char dir_cfg[1400];
 } im_ctx;
@@ -126,11 +127,61 @@ static int stack(im_ctx *c, const st_entry *e, const char *name, int j, const js
     return K3RT_OK;
 }
 
-/* The rule of entry whose Hub name (or an alternative) matches rest; *j the expert. */
-static const char *find_rule(const json_t *entry, const char *rest, const json_t **rule, int *j)
+/* {"view": [dims]}: a Hub tensor of those dims (-1 any) is k3rt's [n]. */
+static int unview(im_ctx *c, const st_entry *e, const json_t *view, const char *name, int dtype,
+                  const void *data, void **owned, k3rt_error *err)
+{
+    int64_t n = 1;
+    int ok = e->ndim == (int)json_array_size(view);
+    for (int d = 0; d < e->ndim; d++) {
+        json_int_t want = json_integer_value(json_array_get(view, (size_t)d));
+        ok &= want == -1 || want == e->shape[d];
+        n *= e->shape[d];
+    }
+    if (!ok) {
+        char *v = json_dumps(view, JSON_ENCODE_ANY);
+        int rc = k3rt_fail(err, K3RT_ERR_FORMAT, "%s: tensor %s is not of shape %s (-1: any)",
+                           c->o->src, e->name, v ? v : "?");
+        free(v);
+        return rc;
+    }
+    return put(c, name, dtype, 1, &n, data, owned, err);
+}
+
+/* A Hub router bias (the FFN entry's "balancer_state") as the layer's balancer state: an
+ * all-zero one is what a fresh balancer starts from and is left out. */
+static int put_state(im_ctx *c, const st_entry *e, const char *name, int dtype,
+                     const void *data, void **owned, k3rt_error *err)
+{
+    int64_t n = e->ndim == 1 ? e->shape[0] : -1;
+    if (n < 1 || dtype != K3RT_F32)
+        return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: tensor %s is not a per-expert [experts] "
+                         "vector of floats", c->o->src, e->name);
+    const float *p = data;
+    int zero = 1;
+    for (int64_t k = 0; k < n && zero; k++)
+        zero = p[k] == 0.0f;
+    if (zero)
+        return K3RT_OK;
+    int rc = hf_list_add(&c->state, name, dtype, 1, &n, data, *owned != NULL, err);
+    *owned = NULL;
+    return rc;
+}
+
+/* The rule of entry whose Hub name (or an alternative) matches rest; *j the expert. *state is
+ * set when it is a balancer_state rule (the returned name then is the state's). */
+static const char *find_rule(const json_t *entry, const char *rest, const json_t **rule, int *j,
+                             int *state)
 {
     const char *param;
     const json_t *r;
+    *state = 0;
+    json_object_foreach(json_object_get(entry, "balancer_state"), param, r) {
+        int i;
+        const char *name = json_string_value(json_object_get(r, "name"));
+        if (name && hf_match(name, rest, &i, j))
+            return *state = 1, *rule = r, param;
+    }
     json_object_foreach(json_object_get(entry, "params"), param, r) {
         int i;
         if (json_is_string(r) && hf_match(json_string_value(r), rest, &i, j))
@@ -162,11 +213,12 @@ static int import_layer_tensor(im_ctx *c, const st_entry *e, int layer, k3rt_err
         if (strncmp(e->name, hub, strlen(hub)))
             continue;
         const json_t *rule;
-        int j;
-        const char *param = find_rule(entry, e->name + strlen(hub), &rule, &j);
+        int j, state;
+        const char *param = find_rule(entry, e->name + strlen(hub), &rule, &j, &state);
         if (!param)
             continue;
-        snprintf(prefix, sizeof prefix, "layers.%d.%s.", layer, slots[s]);
+        snprintf(prefix, sizeof prefix, state ? "layers.%d.balancer." : "layers.%d.%s.", layer,
+                 slots[s]);
         void *owned;
         const void *data;
         int dtype;
@@ -175,7 +227,11 @@ static int import_layer_tensor(im_ctx *c, const st_entry *e, int layer, k3rt_err
         char name[512];
         snprintf(name, sizeof name, "%s%s", prefix, param);
         int rc;
-        if (json_object_get(rule, "fuse_heads"))
+        if (state)
+            rc = put_state(c, e, name, dtype, data, &owned, err);
+        else if (json_object_get(rule, "view"))
+            rc = unview(c, e, json_object_get(rule, "view"), name, dtype, data, &owned, err);
+        else if (json_object_get(rule, "fuse_heads"))
             rc = split(c, e, prefix, rule, cfg, dtype, data, err);
         else if (json_is_true(json_object_get(rule, "split_experts")))
             rc = stack(c, e, name, j, cfg, dtype, data, err);
@@ -232,6 +288,48 @@ static int check_experts(im_ctx *c, k3rt_error *err)
     return K3RT_OK;
 }
 
+/* A parameter whose rule is "identity_if_absent" and that the folder left out (Kimi-Linear's
+ * MoE has no latent projection) is the identity: exact when the module's width equals d_model
+ * (its table "hub" value), refused otherwise. */
+static int fill_identities(im_ctx *c, k3rt_error *err)
+{
+    static const char *const slots[] = {"mixer", "ffn"};
+    int layers = (int)json_integer_value(json_object_get(c->model, "layers"));
+    int64_t d = json_integer_value(json_object_get(c->model, "d_model"));
+    for (int i = 0; i < layers; i++)
+        for (int s = 0; s < 2; s++) {
+            const json_t *spec = hf_layer_spec(c->model, i, slots[s]);
+            const json_t *entry = hf_table_plugin(&c->t, json_string_value(json_object_get(
+                                                              spec, "plugin")));
+            const char *param;
+            const json_t *rule;
+            json_object_foreach((json_t *)json_object_get(entry, "params"), param, rule) {
+                if (!json_is_true(json_object_get(rule, "identity_if_absent")))
+                    continue;
+                char name[512];
+                snprintf(name, sizeof name, "layers.%d.%s.%s", i, slots[s], param);
+                if (hf_list_find(&c->out, name) >= 0)
+                    continue;
+                json_int_t w = json_integer_value(json_object_get(json_object_get(spec,
+                                                                                  "config"),
+                                                                  "latent"));
+                if (w != d || d < 1)
+                    return k3rt_fail(err, K3RT_ERR_FORMAT, "%s: has no %s (k3rt's %s), which "
+                                     "only an identity can stand for when the module's latent "
+                                     "(%lld) is d_model (%lld)", c->o->src,
+                                     json_string_value(json_object_get(rule, "name")), name,
+                                     (long long)w, (long long)d);
+                float *eye = calloc((size_t)(d * d), sizeof *eye);
+                if (!eye)
+                    return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+                for (int64_t k = 0; k < d; k++)
+                    eye[k * d + k] = 1.0f;
+                K3RT_TRY(hf_list_add(&c->out, name, K3RT_F32, 2, (int64_t[]){d, d}, eye, 1, err));
+            }
+        }
+    return K3RT_OK;
+}
+
 static int run_import(im_ctx *c, k3rt_error *err)
 {
     json_error_t je;
@@ -249,7 +347,9 @@ static int run_import(im_ctx *c, k3rt_error *err)
         rc = import_tensor(c, &c->w.all.e[i], err);
     if (!rc)
         rc = check_experts(c, err);
-    char weights[PATH_MAX + 32], abs[PATH_MAX];
+    if (!rc)
+        rc = fill_identities(c, err);
+    char weights[PATH_MAX + 32], abs[PATH_MAX], state[PATH_MAX + 32];
     if (!rc)
         rc = fs_mkdirs(c->o->out, err);
     /* absolute, so that the recipe works from any working directory */
@@ -259,13 +359,17 @@ static int run_import(im_ctx *c, k3rt_error *err)
     json_t *meta = json_pack("{s:s, s:s}", "format", "k3rt", "imported_from", c->o->src);
     if (!rc)
         rc = st_write(weights, c->out.e, c->out.n, meta, err);
+    fs_join(state, sizeof state, rc ? c->o->out : abs, "state.safetensors");
+    if (!rc && c->state.n)
+        rc = st_write(state, c->state.e, c->state.n, meta, err);
     json_decref(meta);
     if (!rc)
         rc = hf_write_recipe(c->o->recipe_out, c->model, hf_get_path(cfg, "k3rt"), weights,
-                             c->o->src, err);
+                             c->state.n ? state : NULL, c->o->src, err);
     json_decref(cfg);
     if (!rc)
-        printf("wrote %s (%d tensors) and %s\n", weights, c->out.n, c->o->recipe_out);
+        printf("wrote %s (%d tensors)%s%s and %s\n", weights, c->out.n,
+               c->state.n ? ", " : "", c->state.n ? state : "", c->o->recipe_out);
     return rc;
 }
 
@@ -283,6 +387,7 @@ int hf_import(const hf_options *o, k3rt_error *err)
     if (!rc)
         rc = run_import(&c, err);
     hf_list_free(&c.out);
+    hf_list_free(&c.state);
     hf_close_weights(&c.w);
     json_decref(c.model);
     json_decref(c.filled);

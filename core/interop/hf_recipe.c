@@ -107,7 +107,7 @@ static void lua_value(FILE *f, const json_t *v, int depth)
 }
 
 int hf_write_recipe(const char *path, const json_t *model, const json_t *k3,
-                    const char *weights, const char *src, k3rt_error *err)
+                    const char *weights, const char *state, const char *src, k3rt_error *err)
 {
     fs_atomic a;
     K3RT_TRY(fs_atomic_open(&a, path, err));
@@ -130,6 +130,10 @@ int hf_write_recipe(const char *path, const json_t *model, const json_t *k3,
         fputs("{ micro_batch = 8, seq_len = 1024 }", f);
     fputs(",\n  train = { steps = 1000, warmup = 50, schedule = \"cosine\", init_weights = ", f);
     lua_string(f, weights);
+    if (state) {
+        fputs(",\n            init_state = ", f);
+        lua_string(f, state);
+    }
     fputs(" },\n  data = ", f);
     if (data)
         lua_value(f, data, 1);

@@ -76,6 +76,10 @@ static const k3rt_option TRAIN_OPTS[] = {
     {"init_weights", K3RT_OPT_STRING, K3RT_OPT_NULLABLE, "null", K3RT_RANGE_ANY, NULL,
      "safetensors file of k3rt-named parameters loaded over the initialisation of a fresh run "
      "(fine-tuning; written by k3rt import); relative to the working directory"},
+    {"init_state", K3RT_OPT_STRING, K3RT_OPT_NULLABLE, "null", K3RT_RANGE_ANY, NULL,
+     "safetensors file of k3rt-named module state (a balancer's layers.{i}.balancer.bias) "
+     "loaded after init_weights; modules it leaves out start fresh (written by k3rt import from "
+     "a Hub router's e_score_correction_bias)"},
 };
 static const char *const TRAIN_LISTS[] = {"changes"};
 

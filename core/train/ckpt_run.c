@@ -298,6 +298,49 @@ static int load_named(model *m, rig *opt, int mods, char (*paths)[1300], int n,
     return rc;
 }
 
+int ckpt_load_init_states(model *m, const char *path, k3rt_error *err)
+{
+    st_file *f;
+    K3RT_TRY(st_open(path, &f, err));
+    named_state s;
+    memset(&s, 0, sizeof s);
+    int rc = named_state_collect(m, NULL, 1, &s, err), used = 0;
+    for (int i = 0; i < s.n && !rc; i++) {
+        int here = 0;
+        for (int j = 0; j < s.sinks[i].n && !rc; j++) {
+            char name[208];
+            snprintf(name, sizeof name, "%s%s", s.prefixes[i], s.sinks[i].items[j].name);
+            if (!st_find(f, name))
+                continue; /* the module keeps its fresh value */
+            rc = restore(f, path, name, s.sinks[i].items[j].t, m->opt.stream, err);
+            here++;
+        }
+        used += here;
+        if (!rc && here)
+            rc = k3rt_stream_sync(m->opt.stream, err);
+        if (!rc && here)
+            rc = rig_state_loaded(s.owners[i], err);
+    }
+    /* a tensor no module keeps: a different model or plugin (balancer) set */
+    for (int k = 0; k < st_count(f) && !rc && used < st_count(f); k++) {
+        const char *name = st_at(f, k)->name;
+        int found = 0;
+        for (int i = 0; i < s.n && !found; i++)
+            for (int j = 0; j < s.sinks[i].n && !found; j++) {
+                size_t pl = strlen(s.prefixes[i]);
+                found = !strncmp(name, s.prefixes[i], pl) &&
+                        !strcmp(name + pl, s.sinks[i].items[j].name);
+            }
+        if (!found)
+            rc = k3rt_fail(err, K3RT_ERR_FORMAT, "%s: holds state %s, which no module of this "
+                           "model keeps (e.g. a balancer without that state: the file was "
+                           "written for another)", path, name);
+    }
+    named_state_free(&s);
+    st_close(f);
+    return rc;
+}
+
 int ckpt_load_states(model *m, rig *opt, const char *path, k3rt_error *err)
 {
     char p[1][1300];

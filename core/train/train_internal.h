@@ -137,8 +137,12 @@ json_t *manifest_plugins(const model *m, const rig *opt);
 /* Loads a checkpoint's weights / its plugin states (opt may be NULL: the optimizer's state is
  * then not read) into a built model. */
 int ckpt_load_weights(model *m, const char *path, k3rt_error *err);
-/* train.init_weights of the recipe document, when it names a file, over the model's parameters. */
+/* train.init_weights of the recipe document, when it names a file, over the model's
+ * parameters, then train.init_state over the modules' state. */
 int load_init_weights(model *m, const json_t *doc, k3rt_error *err);
+/* The module states (a balancer's bias) the file holds; the others keep their fresh values, and
+ * a tensor of the file that no module keeps is refused by name. */
+int ckpt_load_init_states(model *m, const char *path, k3rt_error *err);
 int ckpt_load_states(model *m, rig *opt, const char *path, k3rt_error *err);
 
 /* train_eval.c: the documents of B windows of s starting at starts[b] (-1: padding) set on

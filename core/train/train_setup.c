@@ -266,8 +266,14 @@ int load_init_weights(model *m, const json_t *doc, k3rt_error *err)
     if (!path)
         return K3RT_OK;
     int rc = ckpt_load_weights(m, path, err);
-    if (rc)
+    if (rc) {
         k3rt_error_prefix(err, "train.init_weights: ");
+        return rc;
+    }
+    const char *state = json_string_value(json_object_get(json_object_get(doc, "train"),
+                                                          "init_state"));
+    if (state && (rc = ckpt_load_init_states(m, state, err)))
+        k3rt_error_prefix(err, "train.init_state: ");
     return rc;
 }
 

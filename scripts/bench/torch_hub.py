@@ -3,9 +3,8 @@ peers (torch_common.py --hf DIR): config.json's `k3rt.model` is the model docume
 Hub tensor goes back to its k3rt name and layout by the rules of plugins/hf_names.json, the
 table k3rt export and import read (docs/interop.md), so no mapping is repeated here.
 
-The folder holds no plugin state: a routed FFN's balancer bias is absent (zero), so a model
-trained with an aux-free balancer routes differently from k3rt's checkpoint unless the check
-is given k3rt's expert choice (--forced-routing).
+A routed FFN's balancer bias comes back from the Hub router's e_score_correction_bias (the
+table's "balancer_state"), so the folder routes as k3rt's checkpoint does.
 """
 import json
 import os
@@ -46,8 +45,9 @@ def read_hub_tensors(folder, read_safetensors):
 class _Mapper:
     """Hub tensors -> k3rt parameters, consuming each Hub tensor once."""
 
-    def __init__(self, hub, table_path):
+    def __init__(self, hub, table_path, d_model):
         self.hub, self.used, self.w, self.table_path = hub, set(), {}, table_path
+        self.state, self.d_model = {}, d_model
 
     def take(self, name):
         self.used.add(name)
@@ -61,6 +61,9 @@ class _Mapper:
         prefix = ent["prefix"].replace("{i}", str(i))
         own = f"layers.{i}.{slot}."
         rules = {p: ({"name": r} if isinstance(r, str) else r) for p, r in ent["params"].items()}
+        for key, rule in ent.get("balancer_state", {}).items():
+            if prefix + rule["name"] in self.hub:
+                self.state[f"layers.{i}.balancer.{key}"] = self.take(prefix + rule["name"])
         for p, rule in rules.items():
             if "fused_into" in rule:
                 continue
@@ -77,9 +80,13 @@ class _Mapper:
                     self.put(own + p, torch.stack(parts))
                 continue
             if hub_name not in self.hub:  # a parameter this instance's options leave out
+                if rule.get("identity_if_absent") and spec["config"].get("latent") == self.d_model:
+                    self.put(own + p, torch.eye(self.d_model))  # Kimi-Linear: no latent
                 continue
             t = self.take(hub_name)
-            if rule.get("conv1d"):
+            if "view" in rule:
+                self.put(own + p, t.reshape(-1))
+            elif rule.get("conv1d"):
                 self.put(own + p, t.reshape(t.shape[0], t.shape[-1]))
             elif "fuse_heads" in rule:
                 H = spec["config"]["heads"]
@@ -112,12 +119,12 @@ class HubFolder:
         table_path = table_path or DEFAULT_TABLE
         with open(table_path) as f:
             table = json.load(f)
-        self.weights = self._map(read_hub_tensors(folder, read_safetensors), table, table_path)
-        self.state = {}
+        self.weights, self.state = self._map(read_hub_tensors(folder, read_safetensors), table,
+                                             table_path)
 
     def _map(self, hub, table, table_path):
         m, L = self.model, self.model["layers"]
-        mp = _Mapper(hub, table_path)
+        mp = _Mapper(hub, table_path, m["d_model"])
         for k, h in table["model"]["params"].items():
             for i in (range(L) if "{i}" in k else [0]):
                 hn = h.replace("{i}", str(i))
@@ -139,4 +146,4 @@ class HubFolder:
         if left:
             _fail(f"{self.dir}: {len(left)} tensors map to no k3rt parameter by {table_path}, "
                   f"e.g. {left[:3]}")
-        return mp.w
+        return mp.w, mp.state

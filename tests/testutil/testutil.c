@@ -52,6 +52,15 @@ const char *tu_k3rt_bin(void)
     return env && *env ? env : K3RT_BINARY_DIR "/bin/k3rt";
 }
 
+char *tu_k3rt(const char *args, int expect_rc)
+{
+    char cmd[8192], *out = NULL;
+    snprintf(cmd, sizeof cmd, "cd %s && %s %s", tu_source_dir(), tu_k3rt_bin(), args);
+    int rc = tu_run(cmd, &out);
+    ck_assert_msg(rc == expect_rc, "%s: exit %d, expected %d\n%s", cmd, rc, expect_rc, out);
+    return out;
+}
+
 const char *tu_source_dir(void)
 {
     const char *env = getenv("K3RT_SOURCE_DIR");

@@ -23,6 +23,9 @@ int tu_run(const char *cmd, char **out);
 /* Path of the k3rt binary (K3RT_BIN or the build tree) and of the source tree. */
 const char *tu_k3rt_bin(void);
 const char *tu_source_dir(void);
+/* Runs `k3rt ARGS` in the source tree, fails the test unless it exits expect_rc, and returns
+ * its output (malloc'd). */
+char *tu_k3rt(const char *args, int expect_rc);
 /* $K3RT_PYTHON, else the first python3 that imports numpy (the one on PATH may be a separate
  * installation without the distribution's packages); NULL when there is none. */
 const char *tu_python_with_numpy(void);
