@@ -45,11 +45,19 @@ fi
 
 status=0
 summary=()
+# Each program runs under its own `timeout`, which leads a process group of its own, so a
+# signal to this script's group (an outer `timeout` stopping it) does not reach it: pass it on,
+# or the test keeps the GPU busy behind whatever runs next.
+child=""
+trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; exit 143' TERM INT
 run_logged() {  # name log command...
     local name=$1 log=$2; shift 2
     local t0=$(date +%s)
-    LD_LIBRARY_PATH=$LIBPATH timeout 900 "$@" > "$log" 2>&1
+    LD_LIBRARY_PATH=$LIBPATH timeout 900 "$@" > "$log" 2>&1 &
+    child=$!
+    wait "$child"
     local rc=$?
+    child=""
     summary+=("$name: exit $rc ($(( $(date +%s) - t0 )) s, log $(basename "$log"))")
     [ $rc = 0 ] || [ $rc = 77 ] || status=1
     return $rc
