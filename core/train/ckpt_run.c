@@ -375,19 +375,56 @@ int ckpt_load_run(rank_ctx *c, k3rt_error *err)
     return rc;
 }
 
+static long long plan_int(const json_t *plan, const char *key)
+{
+    const json_t *v = json_object_get(plan, key);
+    return v ? (long long)json_integer_value(v) : 1;
+}
+
+/* The data split may change on resume (dp, micro_batch, grad_accum: the modules' and the
+ * optimizer's state is found by name, whatever shards it was written in), as long as a step
+ * still takes the same global batch: the data cursor and the learning-rate schedule count in
+ * steps of it, and a step's rows are the same whichever ranks and micro-batches share them
+ * (data.h), so the run continues on the data it would have seen. */
+static int check_split(run *r, const json_t *op, const json_t *np, k3rt_error *err)
+{
+    static const char *const split[] = {"dp", "micro_batch", "grad_accum"};
+    long long o[3], n[3], og = 1, ng = 1;
+    int changed = 0;
+    for (int i = 0; i < 3; i++) {
+        o[i] = plan_int(op, split[i]), n[i] = plan_int(np, split[i]);
+        og *= o[i], ng *= n[i], changed |= o[i] != n[i];
+    }
+    if (og != ng)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "--resume: the checkpoint in %s takes a global "
+                         "batch of dp x micro_batch x grad_accum = %lld x %lld x %lld = %lld "
+                         "sequences a step, this run %lld x %lld x %lld = %lld; a resumed run "
+                         "keeps the global batch (the data order and the learning-rate "
+                         "schedule count in its steps): choose plan.dp, plan.micro_batch and "
+                         "plan.grad_accum with the product %lld", r->resume_dir, o[0], o[1],
+                         o[2], og, n[0], n[1], n[2], ng, og);
+    if (changed)
+        log_info("--resume: resharded from dp %lld x micro_batch %lld x grad_accum %lld to "
+                 "%lld x %lld x %lld (the same %lld sequences a step)", o[0], o[1], o[2], n[0],
+                 n[1], n[2], og);
+    return K3RT_OK;
+}
+
 int ckpt_check_compatible(run *r, k3rt_error *err)
 {
     const json_t *old = json_object_get(r->manifest, "config");
-    const char *plan_keys[] = {"dp", "ep", "cp", "micro_batch", "seq_len", "grad_accum"};
+    const char *plan_keys[] = {"ep", "cp", "seq_len"};
     const json_t *op = json_object_get(old, "plan"), *np = json_object_get(r->doc, "plan");
     for (size_t i = 0; i < sizeof plan_keys / sizeof plan_keys[0]; i++)
         if (!json_equal(json_object_get(op, plan_keys[i]), json_object_get(np, plan_keys[i])))
             return k3rt_fail(err, K3RT_ERR_INVALID,
                              "--resume: the checkpoint in %s was trained with plan.%s = %lld, "
-                             "this run has %lld; resharding a run is not supported (use the "
-                             "original plan)", r->resume_dir, plan_keys[i],
+                             "this run has %lld; resharding changes only plan.dp, "
+                             "plan.micro_batch and plan.grad_accum (at the same global batch)",
+                             r->resume_dir, plan_keys[i],
                              (long long)json_integer_value(json_object_get(op, plan_keys[i])),
                              (long long)json_integer_value(json_object_get(np, plan_keys[i])));
+    K3RT_TRY(check_split(r, op, np, err));
     /* The balancer may change mid-run (recorded in the manifest); the rest of the model may
      * not. */
     json_t *om = json_deep_copy(json_object_get(old, "model"));

@@ -92,6 +92,56 @@ START_TEST(data_parallel_equals_one_rank_with_the_whole_batch)
 }
 END_TEST
 
+/* Resume at another data split of the same global batch: a ZeRO-1 run of dp 2 x 4 stopped
+ * at step 3 continues as dp 1 x 8 (its optimizer state gathered by name from both shards) and
+ * as dp 4 x 2 with grad_accum 1, and ends where the straight dp 2 run ends (the same rows each
+ * step; reductions in another order: 1e-5 as above). A changed global batch or seq_len is
+ * refused, naming the product to keep. */
+START_TEST(resume_at_another_data_split)
+{
+    char straight[512], split[2][512], *log = NULL;
+    tu_tmpdir(straight, sizeof straight);
+    const char *common = "--set train.steps=6 --set train.checkpoint_interval=0 "
+                         "--set plan.seq_len=32 --no-sample --set plan.shard_optimizer=true";
+    char extra[768];
+    snprintf(extra, sizeof extra, "%s --set plan.micro_batch=4 --set plan.dp=2", common);
+    ck_assert_msg(train("scripts/recipes/tiny_dense.lua", straight, extra, &log) == 0, "%s",
+                  log);
+    free(log);
+    const char *resumed_as[2] = {"--set plan.micro_batch=8 --set plan.dp=1",
+                                 "--set plan.micro_batch=2 --set plan.dp=4"};
+    char fa[1024], fb[1024];
+    snprintf(fa, sizeof fa, "%s/checkpoints/step_00000006/model.safetensors", straight);
+    for (int i = 0; i < 2; i++) {
+        tu_tmpdir(split[i], sizeof split[i]);
+        snprintf(extra, sizeof extra, "%s --set plan.micro_batch=4 --set plan.dp=2 "
+                 "--stop-after 3", common);
+        ck_assert_msg(train("scripts/recipes/tiny_dense.lua", split[i], extra, &log) == 0,
+                      "%s", log);
+        free(log);
+        snprintf(extra, sizeof extra, "%s %s --resume", common, resumed_as[i]);
+        ck_assert_msg(train("scripts/recipes/tiny_dense.lua", split[i], extra, &log) == 0,
+                      "%s", log);
+        free(log);
+        snprintf(fb, sizeof fb, "%s/checkpoints/step_00000006/model.safetensors", split[i]);
+        double d = tu_safetensors_max_rel_diff(fa, fb);
+        ck_assert_msg(d < 1e-5, "resumed as %s: %g from the straight run (relative rms)",
+                      resumed_as[i], d);
+    }
+    snprintf(extra, sizeof extra, "%s --set plan.micro_batch=4 --set plan.dp=1 --resume "
+             "--set train.steps=8", common);
+    ck_assert_int_ne(train("scripts/recipes/tiny_dense.lua", split[0], extra, &log), 0);
+    ck_assert_msg(strstr(log, "global batch of dp x micro_batch x grad_accum = 1 x 8 x 1 = 8") &&
+                  strstr(log, "with the product 8"), "%s", log);
+    free(log);
+    snprintf(extra, sizeof extra, "%s --set plan.micro_batch=8 --set plan.seq_len=16 --resume "
+             "--set train.steps=8", common);
+    ck_assert_int_ne(train("scripts/recipes/tiny_dense.lua", split[0], extra, &log), 0);
+    ck_assert_msg(strstr(log, "plan.seq_len = 32, this run has 16"), "%s", log);
+    free(log);
+}
+END_TEST
+
 /* train.eval_at_start: the initial weights' validation loss is the first record (step 0,
  * no training loss), near ln 256 for a fresh byte model. */
 START_TEST(eval_at_start_records_step_zero)
@@ -260,6 +310,7 @@ int main(void)
     tcase_add_test(tc, dense_loss_falls_within_100_steps);
     tcase_add_test(tc, resume_is_bitwise_exact);
     tcase_add_test(tc, data_parallel_equals_one_rank_with_the_whole_batch);
+    tcase_add_test(tc, resume_at_another_data_split);
     tcase_add_test(tc, main_job_outputs);
     tcase_add_test(tc, eval_at_start_records_step_zero);
     tcase_add_test(tc, peak_memory_is_reported);
