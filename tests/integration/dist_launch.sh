@@ -6,7 +6,7 @@
 #    equal again); a missing shard is named and --resume falls back a step (bitwise equal
 #    again); a corrupt one is refused naming the file; ranks killed after writing their shards
 #    leave the step uncommitted and --resume ends bitwise equal;
-#  - --resume with another plan.dp is refused by name;
+#  - --resume at another plan.dp that changes the global batch is refused, naming it;
 #  - SIGKILL of rank 1 under k3rt launch: the launcher exits non-zero within 60 s naming the
 #    rank, its pid, the signal and the step; a --resume afterwards ends bitwise equal to the
 #    run never interrupted (nothing committed was lost);
@@ -83,11 +83,12 @@ echo "  $(ls "$work/cut/$final.tmp" | tr '\n' ' ')left uncommitted in $(basename
 $compare "$work/local/metrics.jsonl" "$work/cut/metrics.jsonl" bitwise | sed 's/^/  /'
 same_checkpoint "$work/local" "$work/cut"
 
-echo "--resume with plan.dp = 1 of a dp = 2 run is refused"
+echo "--resume with plan.dp = 1 of a dp = 2 run at a smaller global batch is refused"
 if "$bin" train "${moe[@]}" --set plan.dp=1 --out "$work/zero" --resume >"$work/re.log" 2>&1; then
   echo "FAIL: accepted"; exit 1
 fi
-grep -q "plan.dp = 2, this run has 1" "$work/re.log" || { cat "$work/re.log"; exit 1; }
+grep -q "= 2 x 2 x 1 = 4 sequences a step, this run 1 x 2 x 1 = 2" "$work/re.log" ||
+  { cat "$work/re.log"; exit 1; }
 echo "  $(cut -c1-150 "$work/re.log")"
 
 echo "SIGKILL of rank 1 under k3rt launch, then --resume"
