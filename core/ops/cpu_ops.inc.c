@@ -1,7 +1,7 @@
 /* CPU reference kernels, written once over REAL; included by cpu_ops_f32.c / cpu_ops_f64.c
- * with REAL, SUF(name) and the math functions of that precision (R_EXP, R_TANH, R_LOG1P,
- * R_SQRT) defined, so float runs use float math and vectorise. Shapes in comments are
- * (rows, cols). */
+ * with REAL, SUF(name) and the math functions of that precision (R_EXP, R_TANH, R_TANH_DIV,
+ * R_SIGMOID_N, R_LOG1P, R_SQRT) defined, so float runs use float math and vectorise. Shapes
+ * in comments are (rows, cols). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,19 +191,49 @@ void SUF(cpu_act_bwd)(int act, const REAL *x, const REAL *dy, REAL *dx, int64_t 
     }
 }
 
-/* SwiGLU: a = silu(g), b = u.  SiTU: a = b1 tanh(g/b1) sigmoid(g), b = b2 tanh(u/b2). */
+/* SwiGLU: a = silu(g), b = u.  SiTU: a = b1 tanh(g/b1) sigmoid(g), b = b2 tanh(u/b2).
+ * In blocks: a block's sigmoid and tanh first, each as one vectorised pass (R_SIGMOID_N,
+ * R_TANH_DIV), then the products. */
+#define GLU_BLOCK 256
+
+static inline void SUF(sigmoid_n)(const REAL *x, REAL *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = SUF(sigmoid)(x[i]);
+}
+
+/* The transcendentals of elements i0 .. i0 + len: sg = sigmoid(g), and for SiTU
+ * t1 = tanh(g / b1), t2 = tanh(u / b2). */
+static void SUF(glu_block)(int glu, const REAL *g, const REAL *u, int64_t i0, int64_t len,
+                           double b1, double b2, REAL *sg, REAL *t1, REAL *t2)
+{
+    R_SIGMOID_N(g + i0, sg, len);
+    if (glu == K3RT_GLU_SITU) {
+        R_TANH_DIV(g + i0, t1, len, (REAL)b1);
+        R_TANH_DIV(u + i0, t2, len, (REAL)b2);
+    }
+}
+
 void SUF(cpu_glu_fwd)(int glu, const REAL *g, const REAL *u, REAL *out, int64_t n, double b1,
                       double b2, int threads)
 {
+    int64_t blocks = (n + GLU_BLOCK - 1) / GLU_BLOCK;
+    const REAL B1 = (REAL)b1, B2 = (REAL)b2;
 #pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        REAL sg = SUF(sigmoid)(g[i]);
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        int64_t i0 = bk * GLU_BLOCK, len = n - i0 < GLU_BLOCK ? n - i0 : GLU_BLOCK;
+        REAL sg[GLU_BLOCK], t1[GLU_BLOCK], t2[GLU_BLOCK];
+        SUF(glu_block)(glu, g, u, i0, len, b1, b2, sg, t1, t2);
+        REAL *o = out + i0;
         if (glu == K3RT_GLU_SITU) {
-            REAL a = (REAL)b1 * R_TANH(g[i] / (REAL)b1) * sg;
-            REAL b = (REAL)b2 * R_TANH(u[i] / (REAL)b2);
-            out[i] = a * b;
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++)
+                o[j] = (B1 * t1[j] * sg[j]) * (B2 * t2[j]);
         } else {
-            out[i] = g[i] * sg * u[i];
+            const REAL *gb = g + i0, *ub = u + i0;
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++)
+                o[j] = gb[j] * sg[j] * ub[j];
         }
     }
 }
@@ -211,20 +241,31 @@ void SUF(cpu_glu_fwd)(int glu, const REAL *g, const REAL *u, REAL *out, int64_t 
 void SUF(cpu_glu_bwd)(int glu, const REAL *g, const REAL *u, const REAL *dout, REAL *dg,
                       REAL *du, int64_t n, double b1, double b2, int threads)
 {
+    int64_t blocks = (n + GLU_BLOCK - 1) / GLU_BLOCK;
+    const REAL B1 = (REAL)b1, B2 = (REAL)b2, one = 1;
 #pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        REAL sg = SUF(sigmoid)(g[i]);
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        int64_t i0 = bk * GLU_BLOCK, len = n - i0 < GLU_BLOCK ? n - i0 : GLU_BLOCK;
+        REAL sg[GLU_BLOCK], t1[GLU_BLOCK], t2[GLU_BLOCK];
+        SUF(glu_block)(glu, g, u, i0, len, b1, b2, sg, t1, t2);
+        const REAL *gb = g + i0, *ub = u + i0, *dy = dout + i0;
+        REAL *dgb = dg + i0, *dub = du + i0;
         if (glu == K3RT_GLU_SITU) {
-            REAL t1 = R_TANH(g[i] / (REAL)b1), t2 = R_TANH(u[i] / (REAL)b2);
-            REAL a = (REAL)b1 * t1 * sg, b = (REAL)b2 * t2;
-            REAL da = ((REAL)1 - t1 * t1) * sg + (REAL)b1 * t1 * sg * ((REAL)1 - sg);
-            REAL db = (REAL)1 - t2 * t2;
-            dg[i] = dout[i] * b * da;
-            du[i] = dout[i] * a * db;
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) {
+                REAL s = sg[j], a = B1 * t1[j] * s, b = B2 * t2[j];
+                REAL da = (one - t1[j] * t1[j]) * s + B1 * t1[j] * s * (one - s);
+                REAL db = one - t2[j] * t2[j];
+                dgb[j] = dy[j] * b * da;
+                dub[j] = dy[j] * a * db;
+            }
         } else {
-            REAL silu = g[i] * sg;
-            dg[i] = dout[i] * u[i] * sg * ((REAL)1 + g[i] * ((REAL)1 - sg));
-            du[i] = dout[i] * silu;
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) {
+                REAL s = sg[j];
+                dgb[j] = dy[j] * ub[j] * s * (one + gb[j] * (one - s));
+                dub[j] = dy[j] * (gb[j] * s);
+            }
         }
     }
 }

@@ -1,0 +1,197 @@
+/* The CPU's vectorised float tanh and sigmoid (core/ops/cpu_vmath.c, built into this test):
+ * within 1 ulp of the correctly rounded value over a sweep of every float exponent and almost
+ * always equal to it, special values, an element's result independent of its position in the
+ * array (vector body or tail) and equal to the scalar entry; and the float SiTU / SwiGLU
+ * kernels built on them against the double ones, forward and backward, the same bits for one
+ * thread and two. */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/cpu_vmath.h"
+#include "testutil/testutil.h"
+
+static uint32_t bits(float x)
+{
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+/* distance in units in the last place between two finite floats of the same sign */
+static int64_t ulps(float a, float b)
+{
+    return llabs((int64_t)bits(a) - (int64_t)bits(b));
+}
+
+static float tanh_ref(float x) { return (float)tanh((double)x); }
+static float sigmoid_ref(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
+
+/* Every 1021st bit pattern (all exponents, both signs), NaNs and infinities left out. */
+static int64_t sweep(float *x, int64_t cap)
+{
+    int64_t n = 0;
+    for (uint64_t b = 0; b < (1ull << 32) && n < cap; b += 1021) {
+        uint32_t u = (uint32_t)b;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        if (isfinite(f))
+            x[n++] = f;
+    }
+    return n;
+}
+
+static void check_against(const float *x, const float *y, int64_t n, float (*ref)(float),
+                          const char *what)
+{
+    int64_t off = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float r = ref(x[i]);
+        if (bits(r) == bits(y[i]))
+            continue;
+        int64_t d = ulps(r, y[i]);
+        ck_assert_msg(d == 1, "%s(%a) = %a, correctly rounded %a (%lld ulp)", what, (double)x[i],
+                      (double)y[i], (double)r, (long long)d);
+        off++;
+        worst = d > worst ? d : worst;
+    }
+    /* the double evaluation's error is < 3e-13: a float result is off only next to a tie */
+    ck_assert_msg(off * 10000 < n, "%s: %lld of %lld off by 1 ulp", what, (long long)off,
+                  (long long)n);
+}
+
+START_TEST(tanh_within_one_ulp_of_correct_rounding)
+{
+    enum { CAP = 1 << 23 };
+    float *x = malloc(CAP * sizeof *x), *y = malloc(CAP * sizeof *y);
+    int64_t n = sweep(x, CAP);
+    cpu_tanh_div_f32(x, y, n, 1.0f);
+    check_against(x, y, n, tanh_ref, "tanh");
+    /* the division is the element type's, before tanh */
+    cpu_tanh_div_f32(x, y, 1000, 4.0f);
+    for (int64_t i = 0; i < 1000; i++)
+        ck_assert_uint_eq(bits(y[i]), bits(cpu_tanhf(x[i] / 4.0f)));
+    free(x), free(y);
+}
+END_TEST
+
+START_TEST(sigmoid_within_one_ulp_of_correct_rounding)
+{
+    enum { CAP = 1 << 23 };
+    float *x = malloc(CAP * sizeof *x), *y = malloc(CAP * sizeof *y);
+    int64_t n = sweep(x, CAP);
+    cpu_sigmoid_f32(x, y, n);
+    check_against(x, y, n, sigmoid_ref, "sigmoid");
+    free(x), free(y);
+}
+END_TEST
+
+START_TEST(special_values)
+{
+    float x[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-30f, -1e-30f, 0.0625f, -0.0625f,
+                 9.5f, 9.6f, -20.0f, 120.0f, -120.0f, FLT_MAX, -FLT_MAX};
+    enum { K = sizeof x / sizeof x[0] };
+    float t[K], s[K];
+    cpu_tanh_div_f32(x, t, K, 1.0f);
+    cpu_sigmoid_f32(x, s, K);
+    ck_assert_uint_eq(bits(t[0]), bits(0.0f));
+    ck_assert_uint_eq(bits(t[1]), bits(-0.0f));
+    ck_assert(t[2] == 1.0f && t[3] == -1.0f);
+    ck_assert(isnan(t[4]) && isnan(s[4]));
+    ck_assert(t[5] == 1e-30f && t[6] == -1e-30f);
+    ck_assert(t[10] == 1.0f && t[11] == -1.0f && t[14] == 1.0f && t[15] == -1.0f);
+    ck_assert(s[0] == 0.5f && s[1] == 0.5f && s[2] == 1.0f && s[3] == 0.0f);
+    ck_assert(s[12] == 1.0f && s[13] == 0.0f && s[14] == 1.0f && s[15] == 0.0f);
+    for (int i = 0; i < K; i++)
+        if (isfinite(x[i])) {
+            ck_assert_int_le(ulps(t[i], tanh_ref(x[i])), 1);
+            ck_assert_int_le(ulps(s[i], sigmoid_ref(x[i])), 1);
+        }
+}
+END_TEST
+
+START_TEST(position_does_not_change_bits)
+{
+    enum { M = 4099 };
+    float *x = malloc(M * sizeof *x), *y = malloc(M * sizeof *y), one;
+    tu_randnf(x, M, 6.0, 41);
+    cpu_tanh_div_f32(x, y, M, 1.0f);
+    for (int i = 0; i < M; i++) {
+        ck_assert_uint_eq(bits(y[i]), bits(cpu_tanhf(x[i])));
+        cpu_tanh_div_f32(x + i, &one, 1, 1.0f);
+        ck_assert_uint_eq(bits(y[i]), bits(one));
+    }
+    cpu_sigmoid_f32(x, y, M);
+    for (int i = 0; i < M; i++) {
+        cpu_sigmoid_f32(x + i, &one, 1);
+        ck_assert_uint_eq(bits(y[i]), bits(one));
+    }
+    free(x), free(y);
+}
+END_TEST
+
+/* The float GLU kernels against the double ones. Each float result is a few roundings from
+ * the double one: 1e-6 relative to the largest magnitude of its tensor. */
+static void close_to(const double *ref, const float *got, int64_t n, const char *what)
+{
+    double m = 0;
+    for (int64_t i = 0; i < n; i++)
+        m = fmax(m, fabs(ref[i]));
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(fabs(ref[i] - got[i]) <= 1e-6 * m, "%s[%lld]: %.9g vs %.9g", what,
+                      (long long)i, got[i], ref[i]);
+}
+
+START_TEST(float_glu_matches_double_and_threads_do_not_change_bits)
+{
+    /* above the kernels' one-thread threshold (65536), and a ragged last block of 256 */
+    enum { M = 70001 };
+    size_t db = M * sizeof(double), fb = M * sizeof(float);
+    double *g = malloc(db), *u = malloc(db), *dy = malloc(db), *o = malloc(db);
+    double *dg = malloc(db), *du = malloc(db);
+    float *gf = malloc(fb), *uf = malloc(fb), *dyf = malloc(fb), *of[2], *dgf[2], *duf[2];
+    for (int t = 0; t < 2; t++)
+        of[t] = malloc(fb), dgf[t] = malloc(fb), duf[t] = malloc(fb);
+    tu_randnf(gf, M, 4.0, 42);
+    tu_randnf(uf, M, 30.0, 43);
+    tu_randnf(dyf, M, 1.0, 44);
+    for (int i = 0; i < M; i++) /* the double reference reads the same inputs */
+        g[i] = gf[i], u[i] = uf[i], dy[i] = dyf[i];
+    k3rt_stream *st[2] = {tu_cpu_stream(1), tu_cpu_stream(2)};
+    k3rt_error err = {0};
+    for (int glu = K3RT_GLU_SWIGLU; glu <= K3RT_GLU_SITU; glu++) {
+        TU_OK(k3rt_glu_fwd(st[0], K3RT_F64, glu, g, u, o, M, 4.0, 25.0, &err), err);
+        TU_OK(k3rt_glu_bwd(st[0], K3RT_F64, glu, g, u, dy, dg, du, M, 4.0, 25.0, &err), err);
+        for (int t = 0; t < 2; t++) {
+            TU_OK(k3rt_glu_fwd(st[t], K3RT_F32, glu, gf, uf, of[t], M, 4.0, 25.0, &err), err);
+            TU_OK(k3rt_glu_bwd(st[t], K3RT_F32, glu, gf, uf, dyf, dgf[t], duf[t], M, 4.0, 25.0,
+                               &err), err);
+        }
+        close_to(o, of[0], M, "out");
+        close_to(dg, dgf[0], M, "dg");
+        close_to(du, duf[0], M, "du");
+        ck_assert_int_eq(memcmp(of[0], of[1], fb), 0);
+        ck_assert_int_eq(memcmp(dgf[0], dgf[1], fb), 0);
+        ck_assert_int_eq(memcmp(duf[0], duf[1], fb), 0);
+    }
+    for (int t = 0; t < 2; t++) {
+        k3rt_stream_destroy(st[t]);
+        free(of[t]), free(dgf[t]), free(duf[t]);
+    }
+    free(g), free(u), free(dy), free(o), free(dg), free(du), free(gf), free(uf), free(dyf);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("vmath");
+    TCase *tc = tcase_create("vmath");
+    tcase_add_test(tc, tanh_within_one_ulp_of_correct_rounding);
+    tcase_add_test(tc, sigmoid_within_one_ulp_of_correct_rounding);
+    tcase_add_test(tc, special_values);
+    tcase_add_test(tc, position_does_not_change_bits);
+    tcase_add_test(tc, float_glu_matches_double_and_threads_do_not_change_bits);
+    suite_add_tcase(s, tc);
+    return tu_run_suite(s);
+}
