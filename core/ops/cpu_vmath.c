@@ -16,17 +16,19 @@
  * loops agree on every float. NaN stays NaN; tanh(+-inf) = +-1, sigmoid(-inf) = 0,
  * sigmoid(inf) = 1.
  *
- * Method: e^y by k = round(y / ln 2), a degree-10 Taylor polynomial on |r| <= ln2 / 2
- * (relative error < 3e-13) and 2^k from the exponent bits, for -60 <= y <= 120.
- * tanh: |x| < 1/16: the odd Taylor series to x^11 (relative error < 1e-16 there); else
- * tanh|x| = (e - 1) / (e + 1), e = e^(2 min(|x|, 9.5)) (tanh(9.5) rounds to 1.0f).
- * sigmoid: 1 / (1 + e^-x), -x clamped to [-40, 110] (outside, the float result is 1 or 0). */
+ * Method: e^y = 2^k e^r, k = round(y / ln 2), e^r - 1 by its degree-10 Taylor polynomial on
+ * |r| <= ln2 / 2 (relative error < 3e-13), 2^k from the exponent bits. tanh|x| = m / (m + 2),
+ * m = e^(2 min(|x|, 9.5)) - 1 (tanh(9.5) rounds to 1.0f); m keeps its relative accuracy near
+ * 0, so small |x| need no series of their own. sigmoid: 1 / (1 + e^-x), -x clamped to
+ * [-40, 110] (outside, the float result is 1 or 0). */
 #include "ops/cpu_vmath.h"
 
 #include <math.h>
 #include <string.h>
 
-static inline double exp_bounded(double y)
+/* e^y = s (1 + q) for -60 <= y <= 120: s = 2^k exactly, q = e^r - 1 without the leading 1, so
+ * that e^y - 1 = (s - 1) + s q keeps its relative accuracy as y goes to 0 */
+static inline double exp_split(double y, double *s)
 {
     const double shifter = 0x1.8p52;  /* adding it rounds to an integer kept in the low bits */
     double kd = y * 1.4426950408889634 + shifter;
@@ -36,36 +38,31 @@ static inline double exp_bounded(double y)
     /* ln 2 split so that kd * ln2_hi is exact for |k| < 2^20 */
     double r = (y - kd * 0x1.62e42fee00000p-1) - kd * 0x1.a39ef35793c76p-33;
     double r2 = r * r;
-    double p = 1.0 + r +
-               r2 * ((1.0 / 2 + r * (1.0 / 6)) +
-                     r2 * ((1.0 / 24 + r * (1.0 / 120)) +
-                           r2 * ((1.0 / 720 + r * (1.0 / 5040)) +
-                                 r2 * ((1.0 / 40320 + r * (1.0 / 362880)) +
-                                       r2 * (1.0 / 3628800)))));
+    double q = r + r2 * ((1.0 / 2 + r * (1.0 / 6)) +
+                         r2 * ((1.0 / 24 + r * (1.0 / 120)) +
+                               r2 * ((1.0 / 720 + r * (1.0 / 5040)) +
+                                     r2 * ((1.0 / 40320 + r * (1.0 / 362880)) +
+                                           r2 * (1.0 / 3628800)))));
     uint64_t sb = (kb + 1023) << 52;  /* 2^k; the shifter's own bits shift out */
-    double s;
-    memcpy(&s, &sb, sizeof s);
-    return p * s;
+    memcpy(s, &sb, sizeof *s);
+    return q;
 }
 
 static inline float tanh_one(float xf)
 {
-    double x = xf, ax = fabs(x);
-    double ac = ax > 9.5 ? 9.5 : ax;  /* NaN passes through */
-    double e = exp_bounded(2.0 * ac);
-    double big = (e - 1.0) / (e + 1.0);
-    double x2 = x * x;
-    double small = ax * (1.0 + x2 * (-1.0 / 3 + x2 * (2.0 / 15 + x2 * (-17.0 / 315 +
-                   x2 * (62.0 / 2835 + x2 * (-1382.0 / 155925))))));
-    return (float)copysign(ax < 0.0625 ? small : big, x);
+    double x = xf, ax = fabs(x), s;
+    double q = exp_split(2.0 * (ax > 9.5 ? 9.5 : ax), &s);  /* NaN passes the clamp */
+    double em1 = (s - 1.0) + s * q;
+    return (float)copysign(em1 / (em1 + 2.0), x);
 }
 
 static inline float sigmoid_one(float xf)
 {
-    double y = -(double)xf;
+    double y = -(double)xf, s;
     y = y > 110.0 ? 110.0 : y;  /* comparisons that let NaN through */
     y = y < -40.0 ? -40.0 : y;
-    return (float)(1.0 / (1.0 + exp_bounded(y)));
+    double q = exp_split(y, &s);
+    return (float)(1.0 / (1.0 + s * (1.0 + q)));
 }
 
 float cpu_tanhf(float x) { return tanh_one(x); }
