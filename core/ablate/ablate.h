@@ -6,7 +6,11 @@
  *
  * Output: <out>/<variant>/ (each run's folder: metrics.jsonl, train.log, ...) and
  * <out>/{table.md, table.json, loss_vs_flops.svg, loss_vs_flops.png}; <out> defaults to
- * out/<suite name>. */
+ * out/<suite name>. With a shared run folder (the suite's `runs` or --runs), the runs live
+ * there instead, each in a folder named by its identity (suite.h).
+ *
+ * Runs that train on the GPU train one at a time whatever --jobs says: two on one device
+ * would each measure a share of it. */
 #ifndef K3RT_ABLATE_H
 #define K3RT_ABLATE_H
 
@@ -17,8 +21,9 @@ typedef struct ablate_options {
     const char *const *overrides;  /* --set strings applied to every variant, after the suite's */
     int n_overrides;
     const char *out_root;          /* NULL: out/<suite name> */
+    const char *runs_dir;          /* shared run folder (over the suite's `runs`); NULL: none */
     const char *plugin_path;       /* extra plugin directories, passed on to the children */
-    int jobs;                      /* variants trained at once (CPU threads are split) */
+    int jobs;                      /* variants trained at once on the CPU (threads are split) */
     int reuse;                     /* keep a variant whose finished run used the same command */
     int quiet;
     int dry_run;                   /* check and plan every variant, print them, train nothing */

@@ -14,8 +14,9 @@
 #include "util/log.h"
 
 /* What the table shows of a run, from its records: the validation curve, the last record's
- * counts, throughput over training-only intervals (so evaluations do not count against a
- * variant) and MaxVio averaged over the records of the last tenth of the run. */
+ * counts, throughput and MFU over training-only intervals (so evaluations do not count against
+ * a variant; MFU weighted by each interval's time, i.e. the intervals' FLOPs over their time)
+ * and MaxVio averaged over the records of the last tenth of the run. */
 static int summarise(variant_run *r, const run_metrics *m, k3rt_error *err)
 {
     r->curve_flops = malloc(((size_t)m->n + 1) * sizeof *r->curve_flops);
@@ -23,6 +24,7 @@ static int summarise(variant_run *r, const run_metrics *m, k3rt_error *err)
     if (!r->curve_flops || !r->curve_loss)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     double prev_tokens = 0, tok = 0, secs = 0, tok_all = 0, secs_all = 0, vio_sum = 0;
+    double mfu = 0, mfu_secs = 0, mfu_all = 0, mfu_secs_all = 0;
     double vio_last = NAN;
     int vio_n = 0;
     for (int i = 0; i < m->n; i++) {
@@ -30,17 +32,26 @@ static int summarise(variant_run *r, const run_metrics *m, k3rt_error *err)
         r->tokens = m->tokens[i];
         r->flops = isfinite(m->flops[i]) ? m->flops[i] : 0;
         int eval = isfinite(m->val_loss[i]);
-        if (eval) {
+        /* A step-0 evaluation (train.eval_at_start) has no compute: it stays off the
+         * loss-vs-FLOPs curve, whose axis and fit are logarithmic. */
+        if (eval)
             r->final_loss = m->val_loss[i];
+        if (eval && r->flops > 0) {
             r->curve_flops[r->n_curve] = r->flops;
             r->curve_loss[r->n_curve++] = r->final_loss;
         }
         double interval = r->tokens - prev_tokens, rate = m->tokens_per_s[i];
         prev_tokens = r->tokens;
         if (rate > 0) {
-            tok_all += interval, secs_all += interval / rate;
+            double dt = interval / rate, u = m->mfu[i];
+            tok_all += interval, secs_all += dt;
             if (!eval)
-                tok += interval, secs += interval / rate;
+                tok += interval, secs += dt;
+            if (isfinite(u)) {
+                mfu_all += u * dt, mfu_secs_all += dt;
+                if (!eval)
+                    mfu += u * dt, mfu_secs += dt;
+            }
         }
         if (isfinite(m->maxvio_worst[i])) {
             vio_last = m->maxvio_worst[i];
@@ -49,13 +60,14 @@ static int summarise(variant_run *r, const run_metrics *m, k3rt_error *err)
         }
     }
     r->tokens_per_s = secs > 0 ? tok / secs : secs_all > 0 ? tok_all / secs_all : NAN;
+    r->mfu = mfu_secs > 0 ? mfu / mfu_secs : mfu_secs_all > 0 ? mfu_all / mfu_secs_all : NAN;
     r->maxvio = vio_n ? vio_sum / vio_n : vio_last;
     return K3RT_OK;
 }
 
 static int read_metrics(variant_run *r, k3rt_error *err)
 {
-    r->final_loss = r->tokens_per_s = r->maxvio = NAN;
+    r->final_loss = r->tokens_per_s = r->mfu = r->maxvio = NAN;
     run_metrics m;
     k3rt_error e = {0};
     int rc = run_metrics_read(r->dir, &m, &e);
@@ -144,9 +156,25 @@ static void changes(const variant_run *r, char *buf, size_t len)
         snprintf(buf, len, "(base)");
 }
 
-static void table_row(FILE *f, const variant_run *r)
+/* Against the seed spread: the difference from the base's final loss and where it lies. */
+static void spread_cell(const ablate_ctx *c, const variant_run *r, char *buf, size_t len)
 {
-    char ch[1024], tot[32], act[32], loss[32], tok[32], fl[32], tps[32], vio[32], eff[96];
+    double d = r->final_loss - c->runs[0].final_loss;
+    if (r == c->runs || !isfinite(d))
+        snprintf(buf, len, "-");
+    else if (r->v->replica)
+        snprintf(buf, len, "%+.4f (seed)", d);
+    else
+        snprintf(buf, len, "%+.4f%s", d, r->beyond_spread == 1   ? ", beyond"
+                                         : r->beyond_spread == 0 ? ", within"
+                                                                 : "");
+}
+
+static void table_row(FILE *f, const ablate_ctx *c, const variant_run *r)
+{
+    char ch[1024], tot[32], act[32], loss[32], tok[32], fl[32], tps[32], mfu[32], vio[32];
+    char eff[96], spread[64] = "";
+    int seeds = c->suite.n_seeds >= 2;
     changes(r, ch, sizeof ch);
     plan_human((double)r->params_total, tot, sizeof tot);
     plan_human((double)r->params_active, act, sizeof act);
@@ -154,6 +182,7 @@ static void table_row(FILE *f, const variant_run *r)
     plan_human(r->tokens, tok, sizeof tok);
     sci(r->flops, fl, sizeof fl);
     cell(r->tokens_per_s, "%.0f", tps, sizeof tps);
+    cell(100 * r->mfu, "%.1f%%", mfu, sizeof mfu);
     cell(r->maxvio, "%.3f", vio, sizeof vio);
     if (r->failed)
         snprintf(eff, sizeof eff, "failed: %s", r->failure);
@@ -162,8 +191,11 @@ static void table_row(FILE *f, const variant_run *r)
                  r->extrapolated ? " (extrapolated)" : "");
     else
         snprintf(eff, sizeof eff, "- (%s)", r->note);
-    fprintf(f, "| %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s |\n", r->v->name, ch, tot, act,
-            loss, tok, fl, tps, vio, eff);
+    if (seeds)
+        spread_cell(c, r, spread, sizeof spread);
+    fprintf(f, "| %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s | %s |%s%s%s\n", r->v->name,
+            ch, tot, act, loss, tok, fl, tps, mfu, vio, eff, seeds ? " " : "", spread,
+            seeds ? " |" : "");
 }
 
 static int write_markdown(const ablate_ctx *c, const char *path, FILE *also, k3rt_error *err)
@@ -183,19 +215,20 @@ static int write_markdown(const ablate_ctx *c, const char *path, FILE *also, k3r
             fprintf(o, "%s\n", c->suite.description);
         if (c->o->command)
             fprintf(o, "\nCommand: `%s`\n", c->o->command);
+        int seeds = c->suite.n_seeds >= 2;
         fprintf(o, "\n| variant | changes | parameters (active) | final val loss | tokens | "
-                   "training FLOPs | tokens/s | MaxVio | compute efficiency |\n"
-                   "|---|---|---|---|---|---|---|---|---|\n");
+                   "training FLOPs | tokens/s | MFU | MaxVio | compute efficiency |%s\n"
+                   "|---|---|---|---|---|---|---|---|---|---|%s\n",
+                seeds ? " Δ val loss vs base |" : "", seeds ? "---|" : "");
         for (int i = 0; i < c->n; i++)
-            table_row(o, &c->runs[i]);
+            table_row(o, c, &c->runs[i]);
+        ablate_spread_markdown(c, o);
     }
     K3RT_TRY(fs_close_synced(f, tmp, err));
     if (rename(tmp, path) != 0)
         return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot rename into place", path);
     return K3RT_OK;
 }
-
-static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 static json_t *run_json(const variant_run *r)
 {
@@ -205,18 +238,20 @@ static json_t *run_json(const variant_run *r)
     for (int i = 0; i < r->n_curve; i++)
         json_array_append_new(curve, json_pack("[f, f]", r->curve_flops[i], r->curve_loss[i]));
     double planned = r->step_flops * (double)r->steps;
-    return json_pack("{s:s, s:o, s:s, s:I, s:I, s:I, s:I, s:o, s:f, s:o, s:f, s:b, s:o, s:o, "
-                     "s:o, s:o, s:b, s:s, s:o, s:b, s:s, s:f, s:b}",
-                     "name", r->v->name, "set", sets, "dir", r->dir, "steps",
-                     (json_int_t)r->steps, "steps_done", (json_int_t)r->steps_done,
-                     "parameters", (json_int_t)r->params_total, "active_parameters",
-                     (json_int_t)r->params_active, "final_val_loss", num(r->final_loss),
-                     "tokens", r->tokens, "flops", num(r->flops), "planned_flops", planned,
-                     "flops_match", r->flops == planned, "tokens_per_s", num(r->tokens_per_s),
-                     "maxvio", num(r->maxvio), "efficiency", num(r->efficiency), "base_flops",
-                     num(r->base_flops), "extrapolated", r->extrapolated, "note", r->note,
-                     "curve", curve, "failed", r->failed, "failure", r->failure, "seconds",
-                     r->seconds, "reused", r->reused);
+    return json_pack(
+        "{s:s, s:o, s:s, s:I, s:I, s:I, s:I, s:o, s:f, s:o, s:f, s:b, s:o, s:o, s:o, s:o, s:o, "
+        "s:b, s:s, s:o, s:b, s:s, s:f, s:b, s:I, s:b, s:o, s:s}",
+        "name", r->v->name, "set", sets, "dir", r->dir, "steps", (json_int_t)r->steps,
+        "steps_done", (json_int_t)r->steps_done, "parameters", (json_int_t)r->params_total,
+        "active_parameters", (json_int_t)r->params_active, "final_val_loss",
+        ablate_num(r->final_loss), "tokens", r->tokens, "flops", ablate_num(r->flops),
+        "planned_flops", planned, "flops_match", r->flops == planned, "tokens_per_s",
+        ablate_num(r->tokens_per_s), "mfu", ablate_num(r->mfu), "maxvio", ablate_num(r->maxvio),
+        "efficiency", ablate_num(r->efficiency), "base_flops", ablate_num(r->base_flops),
+        "extrapolated", r->extrapolated, "note", r->note, "curve", curve, "failed", r->failed,
+        "failure", r->failure, "seconds", r->seconds, "reused", r->reused, "seed",
+        (json_int_t)r->seed, "seed_replica", r->v->replica, "beyond_seed_spread",
+        r->beyond_spread < 0 ? json_null() : json_boolean(r->beyond_spread), "key", r->key);
 }
 
 static int write_json(const ablate_ctx *c, const char *path, const power_law *fit, int have_fit,
@@ -232,11 +267,11 @@ static int write_json(const ablate_ctx *c, const char *path, const power_law *fi
     json_t *law = have_fit ? json_pack("{s:f, s:f, s:i}", "A", fit->A, "alpha", fit->alpha,
                                        "points", fit->points)
                            : json_null();
-    json_t *doc = json_pack("{s:s, s:s, s:s, s:s, s:s?, s:o, s:o, s:o, s:o}", "suite",
+    json_t *doc = json_pack("{s:s, s:s, s:s, s:s, s:s?, s:o, s:o, s:o, s:o, s:o}", "suite",
                             c->suite.name, "file", c->o->suite_path, "base", c->suite.base,
                             "description", c->suite.description, "command", c->o->command,
-                            "set", sets, "command_set", cli, "base_power_law", law, "variants",
-                            runs);
+                            "set", sets, "command_set", cli, "base_power_law", law,
+                            "seed_spread", ablate_spread_json(c), "variants", runs);
     char *text = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) : NULL;
     json_decref(doc);
     if (!text)
@@ -273,7 +308,8 @@ int ablate_report(ablate_ctx *c, k3rt_error *err)
         if (!c->runs[i].failed)
             K3RT_TRY(read_metrics(&c->runs[i], err));
         else
-            c->runs[i].final_loss = c->runs[i].tokens_per_s = c->runs[i].maxvio = NAN;
+            c->runs[i].final_loss = c->runs[i].tokens_per_s = c->runs[i].mfu =
+                c->runs[i].maxvio = NAN;
     for (int i = 0; i < c->n; i++) {
         const variant_run *r = &c->runs[i];
         if (!r->failed && r->flops != r->step_flops * (double)r->steps)
@@ -283,6 +319,7 @@ int ablate_report(ablate_ctx *c, k3rt_error *err)
     power_law fit;
     int have_fit;
     efficiencies(c, &fit, &have_fit);
+    ablate_seed_spread(c);
     char md[2100], js[2100];
     fs_join(md, sizeof md, c->root, "table.md");
     fs_join(js, sizeof js, c->root, "table.json");

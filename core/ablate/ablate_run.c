@@ -1,6 +1,7 @@
 /* The variants' training runs: one child `k3rt train` each, up to `jobs` at once, its output
- * in <variant>/train.log. A finished run leaves <variant>/ablate.json with its command, so
- * --reuse can skip it when the command is unchanged. */
+ * in <run folder>/train.log. A finished run leaves <run folder>/ablate.json with its command
+ * and identity (the hash of its resolved recipe and its command, --out left out), so --reuse
+ * can skip it when neither changed — in a shared run folder, whichever suite trained it. */
 #define _GNU_SOURCE /* readlink */
 #include <errno.h>
 #include <fcntl.h>
@@ -14,7 +15,7 @@
 #include <unistd.h>
 
 #include "ablate/ablate_internal.h"
-#include "backend/backend.h"
+#include "train/ckpt_dir.h"
 #include "util/fs.h"
 #include "util/log.h"
 
@@ -28,14 +29,14 @@ static double now(void)
 }
 
 /* The child's arguments as a JSON array of strings (argv[0] left out: it is this binary). */
-static json_t *child_args(const ablate_ctx *c, const variant_run *r, int threads)
+static json_t *child_args(const ablate_ctx *c, const variant_run *r, const char *dir)
 {
     json_t *a = json_array();
     json_array_append_new(a, json_string("train"));
     json_array_append_new(a, json_string(c->suite.base));
-    if (threads > 0) {
+    if (c->threads > 0) {
         char t[64];
-        snprintf(t, sizeof t, "plan.threads=%d", threads);
+        snprintf(t, sizeof t, "plan.threads=%d", c->threads);
         json_array_append_new(a, json_string("--set"));
         json_array_append_new(a, json_string(t));
     }
@@ -44,8 +45,8 @@ static json_t *child_args(const ablate_ctx *c, const variant_run *r, int threads
         json_array_append_new(a, json_string(r->sets[k]));
     }
     json_array_append_new(a, json_string("--out"));
-    json_array_append_new(a, json_string(r->dir));
-    /* The variant's folder is the suite's: a new run there replaces the previous one. */
+    json_array_append_new(a, json_string(dir));
+    /* The run's folder is ablate's: a new run there replaces the previous one. */
     json_array_append_new(a, json_string("--force"));
     json_array_append_new(a, json_string("--no-sample"));
     if (c->o->plugin_path) {
@@ -55,12 +56,61 @@ static json_t *child_args(const ablate_ctx *c, const variant_run *r, int threads
     return a;
 }
 
-static int reusable(const variant_run *r, const json_t *args)
+/* A run's identity: its resolved recipe and its command, wherever its folder is. */
+static int run_key(const ablate_ctx *c, variant_run *r, k3rt_error *err)
+{
+    json_t *a = child_args(c, r, "");
+    char *args = a ? json_dumps(a, JSON_COMPACT) : NULL;
+    json_decref(a);
+    if (!args)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    size_t len = strlen(args) + sizeof r->recipe_sha + 2;
+    char *text = malloc(len);
+    if (text)
+        snprintf(text, len, "%s\n%s", r->recipe_sha, args);
+    free(args);
+    if (!text)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    sha256_hex(text, strlen(text), r->key);
+    free(text);
+    return K3RT_OK;
+}
+
+int ablate_prepare_runs(ablate_ctx *c, k3rt_error *err)
+{
+    for (int i = 0; i < c->n; i++) {
+        variant_run *r = &c->runs[i];
+        K3RT_TRY(run_key(c, r, err));
+        if (c->runs_dir) {
+            /* 16 hex digits: 64 bits, far from colliding among one folder's runs */
+            char name[17];
+            snprintf(name, sizeof name, "%.16s", r->key);
+            fs_join(r->dir, sizeof r->dir, c->runs_dir, name);
+            for (int k = 0; k < i; k++)
+                if (!strcmp(c->runs[k].key, r->key))
+                    return k3rt_fail(err, K3RT_ERR_INVALID, "variants '%s' and '%s' are the "
+                                     "same run (the same recipe and command): drop one",
+                                     c->runs[k].v->name, r->v->name);
+        } else {
+            fs_join(r->dir, sizeof r->dir, c->root, r->v->name);
+        }
+        r->args = child_args(c, r, r->dir);
+        if (!r->args)
+            return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    }
+    return K3RT_OK;
+}
+
+/* A finished run of the same identity in the run's folder (its training time kept). */
+static int reusable(variant_run *r)
 {
     char path[2400];
     fs_join(path, sizeof path, r->dir, "ablate.json");
     json_t *prev = json_load_file(path, 0, NULL);
-    int same = prev && json_equal(json_object_get(prev, "args"), args);
+    const char *key = json_string_value(json_object_get(prev, "key"));
+    int same = key && !strcmp(key, r->key);
+    if (same)
+        r->seconds = json_number_value(json_object_get(prev, "seconds"));
     json_decref(prev);
     return same;
 }
@@ -91,13 +141,25 @@ static int spawn(const char *exe, const variant_run *r, const json_t *args, pid_
     return K3RT_OK;
 }
 
+/* A run about to train again is not finished until it finishes: should it fail, a previous
+ * ablate.json of the same identity must not let --reuse take its folder. */
+static int forget(const variant_run *r, k3rt_error *err)
+{
+    char path[2400];
+    fs_join(path, sizeof path, r->dir, "ablate.json");
+    if (unlink(path) != 0 && errno != ENOENT)
+        return k3rt_fail(err, K3RT_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    return K3RT_OK;
+}
+
 /* Records how the child ended; a clean exit leaves ablate.json for --reuse. */
-static int finish(variant_run *r, int status, const json_t *args, k3rt_error *err)
+static int finish(variant_run *r, int status, k3rt_error *err)
 {
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
         char path[2400];
         fs_join(path, sizeof path, r->dir, "ablate.json");
-        json_t *rec = json_pack("{s:O, s:f}", "args", args, "seconds", r->seconds);
+        json_t *rec = json_pack("{s:s, s:s, s:O, s:f}", "key", r->key, "recipe_sha256",
+                                r->recipe_sha, "args", r->args, "seconds", r->seconds);
         char *text = rec ? json_dumps(rec, JSON_INDENT(2)) : NULL;
         json_decref(rec);
         int rc = text ? fs_write_atomic(path, text, strlen(text), err)
@@ -126,19 +188,14 @@ int ablate_run_all(ablate_ctx *c, k3rt_error *err)
     if (len <= 0)
         return k3rt_fail(err, K3RT_ERR_IO, "cannot find the k3rt executable (/proc/self/exe)");
     exe[len] = '\0';
-    int jobs = c->o->jobs > 0 ? c->o->jobs : 1;
-    /* Concurrent CPU runs share the cores instead of each taking all of them. */
-    int threads = jobs > 1 ? k3rt_cpu_threads() / jobs : 0;
-    threads = jobs > 1 && threads < 1 ? 1 : threads;
-    json_t **args = calloc((size_t)c->n, sizeof *args);
+    int jobs = c->jobs;
     slot *slots = calloc((size_t)jobs, sizeof *slots);
-    int rc = args && slots ? K3RT_OK : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    int rc = slots ? K3RT_OK : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     int next = 0, running = 0;
     while (!rc && (next < c->n || running)) {
         while (!rc && running < jobs && next < c->n) {
             variant_run *r = &c->runs[next];
-            args[next] = child_args(c, r, threads);
-            if (c->o->reuse && reusable(r, args[next])) {
+            if (c->o->reuse && reusable(r)) {
                 r->reused = 1;
                 if (!c->o->quiet)
                     log_info("[%d/%d] %s: reusing the finished run in %s", next + 1, c->n,
@@ -151,7 +208,9 @@ int ablate_run_all(ablate_ctx *c, k3rt_error *err)
                 s++;
             rc = fs_mkdirs(r->dir, err);
             if (!rc)
-                rc = spawn(exe, r, args[next], &slots[s].pid, err);
+                rc = forget(r, err);
+            if (!rc)
+                rc = spawn(exe, r, r->args, &slots[s].pid, err);
             if (rc)
                 break;
             slots[s].run = next;
@@ -175,7 +234,7 @@ int ablate_run_all(ablate_ctx *c, k3rt_error *err)
             if (slots[s].pid == pid) {
                 variant_run *r = &c->runs[slots[s].run];
                 r->seconds = now() - slots[s].t0;
-                rc = finish(r, status, args[slots[s].run], err);
+                rc = finish(r, status, err);
                 if (!c->o->quiet)
                     log_info("%s: %s after %.0f s", r->v->name, r->failed ? r->failure
                                                                        : "finished", r->seconds);
@@ -187,9 +246,6 @@ int ablate_run_all(ablate_ctx *c, k3rt_error *err)
     for (int s = 0; slots && s < jobs; s++)
         if (slots[s].pid)
             waitpid(slots[s].pid, NULL, 0);
-    for (int i = 0; args && i < c->n; i++)
-        json_decref(args[i]);
-    free(args);
     free(slots);
     return rc;
 }

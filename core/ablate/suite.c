@@ -111,11 +111,77 @@ static int add_variant(ablate_suite *s, const json_t *v, const char *what, k3rt_
     return overrides_of(v, what, &av->sets, &av->n_sets, err);
 }
 
+#define MAX_SEEDS 16
+
+/* `seeds`: a list of distinct non-negative integers (absent: none). */
+static int seeds_of(const json_t *root, long long *out, int *n, k3rt_error *err)
+{
+    const json_t *v = json_object_get(root, "seeds");
+    *n = 0;
+    if (!v)
+        return K3RT_OK;
+    if (!json_is_array(v) || !json_array_size(v) || json_array_size(v) > MAX_SEEDS)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "suite: key 'seeds' expects a list of 1 to %d "
+                         "integers, e.g. { 1, 2 }, got %s%s", MAX_SEEDS, schema_json_kind(v),
+                         json_array_size(v) > MAX_SEEDS ? " (too long)" : "");
+    size_t i;
+    json_t *item;
+    json_array_foreach(v, i, item) {
+        if (!json_is_integer(item) || json_integer_value(item) < 0)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "suite.seeds[%zu]: expected a "
+                             "non-negative integer (a train.seed), got %s", i + 1,
+                             schema_json_kind(item));
+        out[*n] = (long long)json_integer_value(item);
+        for (int k = 0; k < *n; k++)
+            if (out[k] == out[*n])
+                return k3rt_fail(err, K3RT_ERR_INVALID, "suite.seeds[%zu]: seed %lld is "
+                                 "listed twice", i + 1, out[*n]);
+        (*n)++;
+    }
+    return K3RT_OK;
+}
+
+static int push_set(char ***list, int *n, const char *fmt, long long v, k3rt_error *err)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, fmt, v);
+    char **grown = realloc(*list, (size_t)(*n + 2) * sizeof **list);
+    if (!grown)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    *list = grown;
+    grown[*n] = strdup(buf);
+    grown[*n + 1] = NULL;
+    return grown[(*n)++] ? K3RT_OK : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+}
+
+/* The first seed for every run; the base again under each further one, after the base. */
+static int add_seeds(ablate_suite *s, const long long *seeds, int n, k3rt_error *err)
+{
+    s->n_seeds = n;
+    if (!n)
+        return K3RT_OK;
+    K3RT_TRY(push_set(&s->sets, &s->n_sets, "train.seed=%lld", seeds[0], err));
+    s->variants[0].seed = seeds[0];
+    char base[sizeof s->variants[0].name];
+    snprintf(base, sizeof base, "%s", s->variants[0].name);
+    for (int k = 1; k < n; k++) {
+        ablate_variant *r = &s->variants[s->n_variants++];
+        int len = snprintf(r->name, sizeof r->name, "%s-seed%lld", base, seeds[k]);
+        if (len >= (int)sizeof r->name)
+            return k3rt_fail(err, K3RT_ERR_INVALID, "suite: base_name '%s' is too long for "
+                             "the seed replicas' names", base);
+        r->seed = seeds[k];
+        r->replica = 1;
+        K3RT_TRY(push_set(&r->sets, &r->n_sets, "train.seed=%lld", seeds[k], err));
+    }
+    return K3RT_OK;
+}
+
 static int build(ablate_suite *s, const json_t *root, k3rt_error *err)
 {
     static const char *const KEYS[] = {"name", "base", "base_name", "description", "set",
-                                       "variants"};
-    K3RT_TRY(schema_check_keys(root, KEYS, 6, "suite", err));
+                                       "seeds", "runs", "variants"};
+    K3RT_TRY(schema_check_keys(root, KEYS, 8, "suite", err));
     fs_stem(s->name, sizeof s->name, s->path);
     K3RT_TRY(string_of(root, "name", "suite", s->name, sizeof s->name, 0, err));
     if (!valid_name(s->name))
@@ -130,11 +196,15 @@ static int build(ablate_suite *s, const json_t *root, k3rt_error *err)
     K3RT_TRY(string_of(root, "description", "suite", s->description, sizeof s->description, 0,
                        err));
     K3RT_TRY(overrides_of(root, "suite", &s->sets, &s->n_sets, err));
+    K3RT_TRY(string_of(root, "runs", "suite", s->runs, sizeof s->runs, 0, err));
     const json_t *vars = json_object_get(root, "variants");
     if (!json_is_array(vars) || !json_array_size(vars))
         return k3rt_fail(err, K3RT_ERR_INVALID, "suite: key 'variants' expects a non-empty list "
                          "of { name = \"...\", set = { ... } }, got %s", schema_json_kind(vars));
-    s->variants = calloc(json_array_size(vars) + 1, sizeof *s->variants);
+    long long seeds[MAX_SEEDS];
+    int n_seeds;
+    K3RT_TRY(seeds_of(root, seeds, &n_seeds, err));
+    s->variants = calloc(json_array_size(vars) + (size_t)n_seeds + 1, sizeof *s->variants);
     if (!s->variants)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     ablate_variant *b = &s->variants[s->n_variants++];
@@ -143,6 +213,7 @@ static int build(ablate_suite *s, const json_t *root, k3rt_error *err)
     if (!valid_name(b->name))
         return k3rt_fail(err, K3RT_ERR_INVALID, "suite: base_name '%s' names a folder: use "
                          "letters, digits, '-', '_' and '.'", b->name);
+    K3RT_TRY(add_seeds(s, seeds, n_seeds, err));
     size_t i;
     json_t *v;
     json_array_foreach(vars, i, v) {

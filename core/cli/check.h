@@ -128,6 +128,8 @@ void ck_flops(check_ctx *c);
 /* Per kind. */
 void ck_mixer(check_ctx *c);       /* attention and moe (check_mixer.c) */
 void ck_mixer_cuda(check_ctx *c);
+void ck_decode(check_ctx *c);      /* attention: decoding against forward (check_decode.c) */
+void ck_decode_cuda(check_ctx *c);
 void ck_residual(check_ctx *c);    /* check_residual.c */
 void ck_balancer(check_ctx *c);    /* check_balancer.c */
 void ck_optimizer(check_ctx *c);   /* check_optimizer.c */

@@ -16,8 +16,12 @@ static void usage(FILE *to)
             "  --set KEY=VALUE      override a value in every variant, e.g. to scale a suite up:\n"
             "                       --set train.steps=5000 --set plan.device='\"cuda\"'\n"
             "  --out DIR            output folder (default: out/<suite name>)\n"
-            "  --jobs N             train N variants at once, splitting the CPU threads\n"
-            "  --reuse              keep variants already finished with the same command\n"
+            "  --runs DIR           keep the runs in DIR, named by their recipe and command,\n"
+            "                       so suites share the runs they have in common (over the\n"
+            "                       suite's `runs`)\n"
+            "  --jobs N             train N variants at once on the CPU, splitting its threads\n"
+            "                       (GPU runs train one at a time)\n"
+            "  --reuse              keep runs already finished with the same recipe and command\n"
             "  --dry-run            check and plan every variant, print them, train nothing\n"
             "  --plugin-path DIRS   extra plugin directories (':'-separated), searched first\n"
             "  --quiet              no progress lines and no table on stdout\n");
@@ -64,6 +68,8 @@ int cmd_ablate(int argc, char **argv)
             sets[o.n_overrides++] = a + 6;
         } else if (!strcmp(a, "--out") && has_value) {
             o.out_root = argv[++i];
+        } else if (!strcmp(a, "--runs") && has_value) {
+            o.runs_dir = argv[++i];
         } else if (!strcmp(a, "--jobs") && has_value) {
             char *end;
             long j = strtol(argv[++i], &end, 10);

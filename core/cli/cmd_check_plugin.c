@@ -149,7 +149,9 @@ static void run_checks(check_ctx *c, const ck_settings *s)
     case K3RT_KIND_MOE:
         run_group(c, "flops", ck_flops, s);
         run_group(c, "mixer", ck_mixer, s);
+        run_group(c, "decode", ck_decode, s);
         run_group(c, "cuda", ck_mixer_cuda, s);
+        run_group(c, "decode cuda", ck_decode_cuda, s);
         break;
     case K3RT_KIND_RESIDUAL:
         run_group(c, "flops", ck_flops, s);

@@ -56,7 +56,7 @@ int cmd_eval(int argc, char **argv)
     size_t len = strlen(path);
     int rc = len > 4 && !strcmp(path + len - 4, ".lua")
                  ? ckpt_model_from_recipe(&c, path, &plugins, 0, &err)
-                 : ckpt_model_open(&c, path, &plugins, 0, &err);
+                 : ckpt_model_open(&c, path, &plugins, 0, "cpu", &err);
     const json_t *data = rc ? NULL : json_object_get(c.doc, "data");
     const json_t *plan = rc ? NULL : json_object_get(c.doc, "plan");
     if (!rc && grads) {

@@ -35,6 +35,7 @@ static int reserve(run_metrics *m, int *cap)
         grow((void **)&m->train_loss, sizeof(double), c) ||
         grow((void **)&m->val_loss, sizeof(double), c) ||
         grow((void **)&m->tokens_per_s, sizeof(double), c) ||
+        grow((void **)&m->mfu, sizeof(double), c) ||
         grow((void **)&m->maxvio_worst, sizeof(double), c) ||
         (m->n_moe && grow((void **)&m->maxvio, sizeof(double) * (size_t)m->n_moe, c)))
         return K3RT_ERR_NOMEM;
@@ -86,6 +87,7 @@ static int add_record(run_metrics *m, const json_t *rec, int *cap)
     m->train_loss[i] = tl >= 0 ? tl : NAN;
     m->val_loss[i] = number_or_nan(json_object_get(rec, "val_loss"));
     m->tokens_per_s[i] = number_or_nan(json_object_get(rec, "tokens_per_s"));
+    m->mfu[i] = number_or_nan(json_object_get(rec, "mfu"));
     m->maxvio_worst[i] = number_or_nan(json_object_get(rec, "maxvio_worst"));
     for (int k = 0; k < m->n_moe; k++) {
         char key[32];
@@ -131,6 +133,7 @@ void run_metrics_free(run_metrics *m)
     free(m->train_loss);
     free(m->val_loss);
     free(m->tokens_per_s);
+    free(m->mfu);
     free(m->maxvio_worst);
     free(m->moe_layer);
     free(m->maxvio);

@@ -15,6 +15,8 @@ typedef struct run_metrics {
     double *train_loss;        /* train_loss_mean over the log interval; NAN when not finite */
     double *val_loss;          /* NAN in records without an evaluation */
     double *tokens_per_s;      /* NAN when absent */
+    double *mfu;               /* model FLOPs utilisation of the interval; NAN when absent (a
+                                  device without a known peak) */
     double *maxvio_worst;      /* NAN when the record has no MoE statistics */
     /* MaxVio per MoE layer: n_moe layers (model layer indices in moe_layer, ascending) and
      * maxvio[record * n_moe + k], NAN where a record lacks the layer. */

@@ -113,6 +113,11 @@ typedef struct model {
                                 (model_set_documents): i32 [n_docs + 1] on the device, ndim 0
                                 when none */
     void *docs_buf;          /* its storage, B * T + 1 entries, with the activations */
+    struct {                 /* incremental decoding (model_decode_begin .. _end) */
+        rig_cache *caches;   /* [n_layers] each mixer's, or NULL when not decoding */
+        int64_t B, pos;      /* sequences, tokens fed to each */
+        int active;          /* a decode step runs: mixers take their token via the cache */
+    } decode;
 } model;
 
 #define MODEL_ROUTED_SLOTS 64
@@ -169,6 +174,27 @@ int model_eval(model *m, const int32_t *tokens, const int32_t *targets, double *
  * shorter context can be right-padded to T. */
 int model_logits_at(model *m, const int32_t *tokens, int64_t pos, double *logits,
                     k3rt_error *err);
+
+/* Incremental decoding: B sequences fed one token at a time, every token mixer keeping a
+ * cache (rig_cache: the plugin's decode_step, or its ABI 2.0 decode()) and everything else
+ * (norms, FFNs and their routers, the residual, the head) running on the one new token, at
+ * the shape (B, 1). Logits equal model_logits_at's on the whole sequence so far, up to
+ * rounding; the context has no length limit (a recurrent mixer's cache is fixed-size, an
+ * attention cache grows by one position per token).
+ * model_can_decode is 1 when every mixer decodes incrementally; otherwise it names the first
+ * that cannot in why (callers then run model_logits_at over the context). */
+int model_can_decode(const model *m, char *why, size_t len);
+/* Empty caches for B sequences; capacity is the number of tokens expected (a hint). */
+int model_decode_begin(model *m, int64_t B, int64_t capacity, k3rt_error *err);
+/* Feeds tokens [B] (one per sequence) and writes the next-token logits [B, vocab] (host
+ * doubles; NULL skips the head, e.g. for all but the last prompt token). Other forwards may
+ * run between steps (the shape is set back to (B, 1) here). After a failed step the caches
+ * may disagree with each other: end decoding. */
+int model_decode_step(model *m, const int32_t *tokens, double *logits, k3rt_error *err);
+/* Tokens fed per sequence since model_decode_begin. */
+int64_t model_decode_pos(const model *m);
+/* Frees the caches (nothing to do when not decoding); model_free calls it. */
+void model_decode_end(model *m);
 
 /* FLOPs of one forward and one backward over B x T tokens, from the plugins' own counts
  * plus the model's embedding, norms and head. */

@@ -477,6 +477,7 @@ int model_build(model *m, const json_t *doc, registry *reg, const model_options 
 
 void model_free(model *m)
 {
+    model_decode_end(m);
     model_free_acts(m);
     for (int i = 0; i < m->n_mods; i++) {
         rig_destroy(&m->mods[i].r);

@@ -161,6 +161,8 @@ static int sublayer_call(model *m, int s, int training, int replay, double aux_s
     a.y = model_act_tensor(m, m->a->ys);
     int fwd = profile_module_row(mi, 0);
     if (s % 2 == 0) {
+        if (m->decode.active)  /* model_decode_step: one token, the layer's cache */
+            return rig_decode_step(&mm->r, &m->decode.caches[s / 2], a.x, a.y, err);
         a.doc_offsets = m->docs;
         PROF_TRY(m->prof, fwd, rig_forward(&mm->r, &a, err));
         return K3RT_OK;
@@ -214,9 +216,8 @@ static int sublayer_backward(model *m, int s, k3rt_error *err)
     return K3RT_OK;
 }
 
-/* embed -> residual stack -> final norm (hn). */
-static int forward_body(model *m, const int32_t *tokens, int training, double aux_scale,
-                        k3rt_error *err)
+int model_forward_body(model *m, const int32_t *tokens, int training, double aux_scale,
+                       k3rt_error *err)
 {
     model_acts *a = m->a;
     k3rt_stream *st = m->opt.stream;
@@ -328,7 +329,7 @@ int model_train_step(model *m, const int32_t *tokens, const int32_t *targets, do
 {
     if (!m->a)
         return k3rt_fail(err, K3RT_ERR_INVALID, "model: call model_set_shape first");
-    K3RT_TRY(forward_body(m, tokens, 1, aux_scale, err));
+    K3RT_TRY(model_forward_body(m, tokens, 1, aux_scale, err));
     K3RT_TRY(head_and_loss(m, targets, grad_scale, loss_sum, NULL, err));
     return backward_body(m, err);
 }
@@ -338,7 +339,7 @@ int model_eval(model *m, const int32_t *tokens, const int32_t *targets, double *
 {
     if (!m->a)
         return k3rt_fail(err, K3RT_ERR_INVALID, "model: call model_set_shape first");
-    K3RT_TRY(forward_body(m, tokens, 0, 0.0, err));
+    K3RT_TRY(model_forward_body(m, tokens, 0, 0.0, err));
     return head_and_loss(m, targets, 0.0, loss_sum, count, err);
 }
 
@@ -350,16 +351,18 @@ int model_logits_at(model *m, const int32_t *tokens, int64_t pos, double *logits
                          (long long)pos, (long long)m->T);
     if (!m->a)
         return k3rt_fail(err, K3RT_ERR_INVALID, "model: call model_set_shape first");
-    K3RT_TRY(forward_body(m, tokens, 0, 0.0, err));
-    model_acts *a = m->a;
-    k3rt_stream *st = m->opt.stream;
-    for (int64_t b = 0; b < m->B; b++) {
-        void *hn = model_row(m, a->hn, b * m->T + pos);
-        K3RT_TRY(k3rt_linear_fwd(st, m->opt.dtype, hn, m->params[m->head].param.data, NULL,
-                                 a->logits, 1, m->d, m->vocab, err));
-        K3RT_TRY(to_host(m, a->logits, m->opt.dtype, m->vocab, logits + b * m->vocab, err));
-    }
+    K3RT_TRY(model_forward_body(m, tokens, 0, 0.0, err));
+    for (int64_t b = 0; b < m->B; b++)
+        K3RT_TRY(model_row_logits(m, b * m->T + pos, logits + b * m->vocab, err));
     return K3RT_OK;
+}
+
+int model_row_logits(model *m, int64_t row, double *logits, k3rt_error *err)
+{
+    K3RT_TRY(k3rt_linear_fwd(m->opt.stream, m->opt.dtype, model_row(m, m->a->hn, row),
+                             m->params[m->head].param.data, NULL, m->a->logits, 1, m->d,
+                             m->vocab, err));
+    return to_host(m, m->a->logits, m->opt.dtype, m->vocab, logits, err);
 }
 
 int model_flops(model *m, int64_t B, int64_t T, double *forward, double *backward,

@@ -39,6 +39,13 @@ static inline k3rt_tensor model_act_tensor(const model *m, void *data)
 {
     return k3rt_tensor_view(data, m->opt.dtype, m->opt.device, 3, m->B, m->T, m->d, 0);
 }
+/* embed -> residual stack -> final norm into hn, over the current shape (model_fwd.c); while
+ * m->decode.active, each mixer takes its token through its cache instead of forward. */
+int model_forward_body(model *m, const int32_t *tokens, int training, double aux_scale,
+                       k3rt_error *err);
+/* Logits of row `row` of hn into host doubles (waits for the stream). */
+int model_row_logits(model *m, int64_t row, double *logits, k3rt_error *err);
+
 /* The module of sublayer s (2i mixer, 2i+1 FFN) and its pre-norm gain parameter. */
 int model_sub_module(const model *m, int s);
 int model_sub_norm(const model *m, int s);

@@ -30,8 +30,8 @@ const char *plugin_caps_str(const plugin_entry *e, int with_functions, char *buf
             add(buf, len, &at, "context-parallel");
         if (a->context)
             add(buf, len, &at, "context-prefix");
-        if (a->decode)
-            add(buf, len, &at, "decode");
+        if (a->decode_step || a->decode)
+            add(buf, len, &at, a->decode_step ? "decode-cache" : "decode");
         break;
     case K3RT_KIND_MOE:
         if (e->vt.moe.dispatch)

@@ -62,6 +62,9 @@ static const char *missing_required(const plugin_entry *e)
             return "context (kv_project needs it)";
         if (!v->kv_project != !v->kv_project_backward)
             return "kv_project and kv_project_backward together";
+        int cached = !!v->cache_create + !!v->decode_step + !!v->cache_destroy;
+        if (cached && cached != 3)
+            return "cache_create, decode_step and cache_destroy together";
         return NULL;
     }
     case K3RT_KIND_MOE: {

@@ -133,6 +133,23 @@ int rig_cp_compose(rig *r, k3rt_tensor m1, k3rt_tensor b1, k3rt_tensor m2, k3rt_
 /* Context-parallel needs (zeros when context() is absent). */
 int rig_context(rig *r, k3rt_context_needs *out, k3rt_error *err);
 
+/* Incremental decoding of a token mixer. The cache of `batch` sequences is the plugin's own
+ * (cache_create / decode_step, ABI 2.2) or, for a plugin with only the ABI 2.0 decode(), two
+ * state tensors of its state_layout that the steps use in turn (decode() needs the rig bound at
+ * (batch, 1)). pos counts the tokens each sequence has been given. */
+typedef struct rig_cache {
+    void *plugin;                /* decode_step: the plugin's cache */
+    void *state[2];              /* decode(): the state before and after a step (device memory) */
+    int cur;                     /* which of state[] holds the state so far */
+    int64_t B, pos;
+} rig_cache;
+/* 1 when the mixer decodes incrementally (decode_step or decode). */
+int rig_can_decode(const rig *r);
+int rig_cache_create(rig *r, int64_t batch, int64_t capacity, rig_cache *c, k3rt_error *err);
+/* One token per sequence: x, y [B, 1, d] of the compute dtype on the instance's device. */
+int rig_decode_step(rig *r, rig_cache *c, k3rt_tensor x, k3rt_tensor y, k3rt_error *err);
+void rig_cache_destroy(rig *r, rig_cache *c);
+
 /* Residual calls by name. */
 typedef enum rig_residual_call {
     RIG_BEGIN, RIG_MIX, RIG_PUSH, RIG_FINISH, RIG_FINISH_BACKWARD, RIG_PUSH_BACKWARD,

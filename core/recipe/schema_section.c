@@ -66,6 +66,8 @@ static const k3rt_option TRAIN_OPTS[] = {
     {"eval_interval", K3RT_OPT_INT, 0, "250", 0, BIG, NULL,
      "steps between evaluations (0 = only at the end)"},
     {"eval_batches", K3RT_OPT_INT, 0, "0", 0, BIG, NULL, "batches per evaluation (0 = all)"},
+    {"eval_at_start", K3RT_OPT_BOOL, 0, "false", K3RT_RANGE_ANY, NULL,
+     "also evaluate the initial weights (step 0) of a fresh run"},
     {"checkpoint_interval", K3RT_OPT_INT, 0, "500", 0, BIG, NULL,
      "steps between checkpoints (0 = none)"},
     {"keep_checkpoints", K3RT_OPT_INT, 0, "2", 0, 1e6, NULL, "newest kept (0 = all)"},

@@ -13,12 +13,16 @@ typedef struct ckpt_model {
     model m;
     json_t *manifest;   /* the checkpoint's manifest */
     const json_t *doc;  /* its "config" (the validated recipe document) */
+    int device, dtype;  /* where the model runs, in which compute dtype */
     char dir[1200];
 } ckpt_model;
 
-/* path: a checkpoint directory or a run's checkpoints root (newest complete checkpoint). */
+/* path: a checkpoint directory or a run's checkpoints root (newest complete checkpoint).
+ * device: "cpu", "cuda", or "auto" (the GPU when there is one and every plugin of the model has
+ * a CUDA path); NULL follows the recipe's plan.device. On the GPU the compute dtype is the
+ * recipe's plan.dtype (auto: bf16). */
 int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugins, int threads,
-                    k3rt_error *err);
+                    const char *device, k3rt_error *err);
 /* path: a recipe whose train.init_weights names the weights (what `k3rt import` writes). */
 int ckpt_model_from_recipe(ckpt_model *c, const char *path, const plugin_sources *plugins,
                            int threads, k3rt_error *err);

@@ -20,6 +20,7 @@ typedef struct run {
     recipe *rec;
     const json_t *doc;            /* the validated recipe document (owned by rec) */
     int64_t steps, log_interval, eval_interval, eval_batches, ckpt_interval, keep, max_bad;
+    int eval_at_start;
     double grad_clip;
     lr_schedule sched;
     int64_t B, T, accum;
@@ -175,8 +176,20 @@ int loss_series_add(loss_series *s, double x, double y, k3rt_error *err);
 void loss_history_free(loss_history *h);
 
 /* train_sample.c */
+/* How a sample was made. */
+typedef struct sample_stats {
+    int cached;            /* 1: incremental decoding; 0: the sliding context recomputed */
+    char why[256];         /* when not cached: why (the mixer without a cache, or "asked for") */
+    int64_t tokens;        /* bytes generated */
+    int64_t context;       /* bytes of the final context: the prompt and what was generated */
+    double seconds;        /* wall time of the prompt and the generation */
+} sample_stats;
+/* `bytes` bytes continuing `prompt` (sample_cfg: the recipe's sample section; "recompute":
+ * true forces the sliding context of seq_len bytes, the path of models that cannot decode
+ * incrementally). With incremental decoding the context is the whole text, past seq_len too:
+ * KDA's state has no length, MLA's latent cache grows. *out is malloc'd; st may be NULL. */
 int sample_text(model *m, int64_t seq_len, const json_t *sample_cfg, char **out,
-                k3rt_error *err);
+                sample_stats *st, k3rt_error *err);
 /* Draws a token from softmax(logits / temperature), restricted to the top_k largest
  * (top_k <= 0: all); temperature <= 0 is greedy. Overwrites logits. */
 int32_t sample_draw(double *logits, int64_t V, double temperature, int64_t top_k, k3rt_rng *rng);

@@ -309,8 +309,8 @@ static int log_depth_weights(rank_ctx *c, int64_t step, json_t *rec, k3rt_error 
 static int maybe_eval(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
 {
     run *r = c->r;
-    int last = step == r->steps;
-    if (!last && !(r->eval_interval > 0 && step % r->eval_interval == 0))
+    int last = step == r->steps, start = step == 0 && r->eval_at_start;
+    if (!last && !start && !(r->eval_interval > 0 && step % r->eval_interval == 0))
         return K3RT_OK;
     double val;
     K3RT_TRY(eval_split(c, &r->val, r->eval_batches * r->B, &val, err));
@@ -323,6 +323,17 @@ static int maybe_eval(rank_ctx *c, int64_t step, json_t *rec, k3rt_error *err)
             log_info("step %lld: validation loss %.4f nats/token", (long long)step, val);
     }
     return K3RT_OK;
+}
+
+/* The initial weights' validation loss: the reference a run's progress is read against. */
+static int eval_start(rank_ctx *c, k3rt_error *err)
+{
+    json_t *rec = json_pack("{s:I, s:I, s:f}", "step", (json_int_t)0, "tokens", (json_int_t)0, "flops", 0.0);
+    int rc = rec ? maybe_eval(c, 0, rec, err) : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+    if (!rc && c->rank == 0)
+        rc = train_write_record(c->r, rec, err);
+    json_decref(rec);
+    return rc;
 }
 
 static int stopping_at(const run *r, int64_t step)
@@ -400,6 +411,8 @@ static int run_steps(rank_ctx *c, k3rt_error *err)
     if (!rc)
         rc = train_profile_setup(c, err);
     c->interval_t0 = time_now();
+    if (!rc && r->eval_at_start && r->start_step == 0 && !r->opt.save_start)
+        rc = eval_start(c, err);
     if (!rc && r->opt.save_start) /* the initial weights as step 0's checkpoint, no step */
         rc = maybe_checkpoint(c, r->start_step, err);
     for (int64_t step = r->start_step + 1; step <= r->steps && !rc && !r->opt.save_start;
@@ -490,12 +503,14 @@ static int finish(rank_ctx *c, k3rt_error *err)
     if (r->opt.no_sample || (tok && strcmp(tok, "bytes")))
         return K3RT_OK;  /* text samples need the byte tokenizer */
     char *text = NULL;
-    K3RT_TRY(sample_text(&c->m, r->T, json_object_get(r->doc, "sample"), &text, err));
+    sample_stats st;
+    K3RT_TRY(sample_text(&c->m, r->T, json_object_get(r->doc, "sample"), &text, &st, err));
     fs_join(path, sizeof path, r->out, "sample.txt");
     int rc = fs_write_atomic(path, text, strlen(text), err);
     if (!rc && !r->opt.quiet)
-        log_info("--- sample (%zu bytes, also in %s) ---\n%s\n--- end of sample ---",
-                 strlen(text), path, text);
+        log_info("--- sample (%zu bytes, also in %s; %.0f tokens/s, %s) ---\n%s\n--- end of "
+                 "sample ---", strlen(text), path, st.seconds > 0 ? st.tokens / st.seconds : 0.0,
+                 st.cached ? "cached decode" : "sliding context", text);
     if (!rc && !r->opt.quiet && r->train.n)
         rc = report_coverage(r, text, err);
     free(text);

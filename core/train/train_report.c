@@ -144,12 +144,6 @@ int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
             json_object_set(rec, "moe", moe);
             json_object_set_new(rec, "maxvio_worst", json_real(worst));
         }
-        if (train_write_record(r, rec, err)) {
-            json_decref(moe);
-            return err->code;
-        }
-        if (isfinite(mean))
-            r->result.final_train_loss = mean;
         char mfu[64] = "";
         if (r->peak_flops > 0 && dt > 0) {
             /* Both counts: the plugins' own FLOPs, and the 6 N_active per token convention. */
@@ -159,6 +153,12 @@ int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
             json_object_set_new(rec, "mfu_6n", json_real(six));
             snprintf(mfu, sizeof mfu, " | MFU %.1f%% (6N %.1f%%)", 100 * own, 100 * six);
         }
+        if (train_write_record(r, rec, err)) {
+            json_decref(moe);
+            return err->code;
+        }
+        if (isfinite(mean))
+            r->result.final_train_loss = mean;
         if (!r->opt.quiet) {
             char eta_s[32], vio[48] = "";
             format_eta(eta, eta_s, sizeof eta_s);

@@ -1,10 +1,17 @@
-/* Text generation from a model with the byte tokenizer: temperature and top-k sampling over a
- * sliding context of at most seq_len bytes. */
+/* Text generation from a model with the byte tokenizer: temperature and top-k sampling, by
+ * incremental decoding when every token mixer has a cache (the context is then the whole
+ * text), else over a sliding context of at most seq_len bytes. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "train/train_internal.h"
+#include "util/log.h"
+
+typedef struct sample_opts {
+    double temperature;
+    int64_t top_k;
+} sample_opts;
 
 int32_t sample_draw(double *logits, int64_t V, double temperature, int64_t top_k, k3rt_rng *rng)
 {
@@ -47,13 +54,59 @@ int32_t sample_draw(double *logits, int64_t V, double temperature, int64_t top_k
     return (int32_t)best;
 }
 
-int sample_text(model *m, int64_t seq_len, const json_t *cfg, char **out, k3rt_error *err)
+/* The sliding-context path: every byte runs the model over the last seq_len bytes (for
+ * models with a mixer that cannot decode incrementally, and on request). */
+static int sample_recompute(model *m, int64_t seq_len, char *text, size_t *len, int64_t n,
+                            double *logits, const sample_opts *o, k3rt_rng *rng,
+                            k3rt_error *err)
 {
+    K3RT_TRY(model_set_shape(m, 1, seq_len, err));
+    int32_t *ctx = calloc((size_t)seq_len, sizeof *ctx);
+    if (!ctx)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "sample: out of memory");
+    int rc = K3RT_OK;
+    for (int64_t i = 0; i < n && !rc; i++) {
+        int64_t take = (int64_t)*len < seq_len ? (int64_t)*len : seq_len;
+        for (int64_t t = 0; t < seq_len; t++)
+            ctx[t] = t < take ? (unsigned char)text[*len - (size_t)take + (size_t)t] : 0;
+        rc = model_logits_at(m, ctx, take - 1, logits, err);
+        if (!rc)
+            text[(*len)++] = (char)sample_draw(logits, m->vocab, o->temperature, o->top_k, rng);
+    }
+    free(ctx);
+    return rc;
+}
+
+/* The cached path, after model_decode_begin: the prompt, then each drawn byte, fed one token
+ * at a time; the context is the whole text, however long (model.h: model_decode_*). */
+static int sample_cached(model *m, char *text, size_t *len, int64_t n, double *logits,
+                         const sample_opts *o, k3rt_rng *rng, k3rt_error *err)
+{
+    int rc = K3RT_OK;
+    for (size_t i = 0; i < *len && !rc; i++) {
+        int32_t tok = (unsigned char)text[i];
+        rc = model_decode_step(m, &tok, i + 1 == *len ? logits : NULL, err);
+    }
+    for (int64_t i = 0; i < n && !rc; i++) {
+        int32_t tok = sample_draw(logits, m->vocab, o->temperature, o->top_k, rng);
+        text[(*len)++] = (char)tok;
+        if (i + 1 < n)
+            rc = model_decode_step(m, &tok, logits, err);
+    }
+    model_decode_end(m);
+    return rc;
+}
+
+int sample_text(model *m, int64_t seq_len, const json_t *cfg, char **out, sample_stats *st,
+                k3rt_error *err)
+{
+    sample_opts o;
     int64_t n = json_integer_value(json_object_get(cfg, "bytes"));
-    double temperature = json_number_value(json_object_get(cfg, "temperature"));
-    int64_t top_k = json_integer_value(json_object_get(cfg, "top_k"));
+    o.temperature = json_number_value(json_object_get(cfg, "temperature"));
+    o.top_k = json_integer_value(json_object_get(cfg, "top_k"));
     const char *prompt = json_string_value(json_object_get(cfg, "prompt"));
     uint64_t seed = (uint64_t)json_integer_value(json_object_get(cfg, "seed"));
+    int recompute = json_is_true(json_object_get(cfg, "recompute"));
     if (!prompt || !*prompt)
         prompt = "\n";
     if (m->vocab < 256)
@@ -62,30 +115,31 @@ int sample_text(model *m, int64_t seq_len, const json_t *cfg, char **out, k3rt_e
                          (long long)m->vocab);
     if (n < 1)
         n = 1;
-    K3RT_TRY(model_set_shape(m, 1, seq_len, err));
     size_t plen = strlen(prompt);
     char *text = malloc(plen + (size_t)n + 1);
-    int32_t *ctx = calloc((size_t)seq_len, sizeof *ctx);
     double *logits = malloc((size_t)m->vocab * sizeof *logits);
-    if (!text || !ctx || !logits) {
-        free(text), free(ctx), free(logits);
+    if (!text || !logits) {
+        free(text), free(logits);
         return k3rt_fail(err, K3RT_ERR_NOMEM, "sample: out of memory");
     }
     memcpy(text, prompt, plen);
     size_t len = plen;
     k3rt_rng rng;
     k3rt_rng_seed(&rng, seed, 0x5a3b1eull);
-    int rc = K3RT_OK;
-    for (int64_t i = 0; i < n && !rc; i++) {
-        int64_t take = (int64_t)len < seq_len ? (int64_t)len : seq_len;
-        for (int64_t t = 0; t < seq_len; t++)
-            ctx[t] = t < take ? (unsigned char)text[len - (size_t)take + (size_t)t] : 0;
-        rc = model_logits_at(m, ctx, take - 1, logits, err);
-        if (!rc)
-            text[len++] = (char)sample_draw(logits, m->vocab, temperature, top_k, &rng);
-    }
+    sample_stats stats;
+    memset(&stats, 0, sizeof stats);
+    stats.cached = !recompute && model_can_decode(m, stats.why, sizeof stats.why);
+    if (recompute)
+        snprintf(stats.why, sizeof stats.why, "asked for");
+    double t0 = k3rt_time_now();
+    int rc = stats.cached ? model_decode_begin(m, 1, (int64_t)plen + n, err) : K3RT_OK;
+    if (!rc)
+        rc = stats.cached ? sample_cached(m, text, &len, n, logits, &o, &rng, err)
+                          : sample_recompute(m, seq_len, text, &len, n, logits, &o, &rng, err);
+    stats.seconds = k3rt_time_now() - t0;
+    stats.tokens = (int64_t)(len - plen);
+    stats.context = (int64_t)len;
     text[len] = '\0';
-    free(ctx);
     free(logits);
     if (rc) {
         free(text);
@@ -94,6 +148,8 @@ int sample_text(model *m, int64_t seq_len, const json_t *cfg, char **out, k3rt_e
     /* The prompt is context, not output. */
     memmove(text, text + plen, len - plen + 1);
     *out = text;
+    if (st)
+        *st = stats;
     return K3RT_OK;
 }
 

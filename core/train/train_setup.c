@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "comm/comm_impl.h"
 #include "train/ckpt_dir.h"
+#include "train/device_choice.h"
 #include "train/peak.h"
 #include "train/train_internal.h"
 #include "util/checked.h"
@@ -68,52 +69,17 @@ static int prepare_output(run *r, k3rt_error *err)
     return w->rank == 0 ? K3RT_OK : output_follow(r, err);
 }
 
-/* The CPU runs every plugin; the GPU only when every plugin of the recipe has a CUDA path. */
+/* The CPU runs every plugin; the GPU only when every plugin of the recipe has a CUDA path
+ * (device_choice.h). */
 static int choose_device(run *r, const json_t *plan, k3rt_error *err)
 {
     const char *device = get_str(plan, "device"), *dtype = get_str(plan, "dtype");
-    const json_t *model = json_object_get(r->doc, "model");
-    char missing[512] = "";
-    size_t at = 0;
-    const char *slots[] = {"ffn", "dense_ffn", "balancer", "residual"};
-    const json_t *mix, *spec;
-    const char *letter;
-    json_object_foreach((json_t *)json_object_get(model, "mixers"), letter, mix) {
-        const plugin_entry *e = recipe_spec_plugin(r->rec, mix);
-        if (e && !(e->desc.caps & K3RT_CAP_CUDA))
-            at += (size_t)snprintf(missing + at, sizeof missing - at, "%s%s", at ? ", " : "",
-                                   e->desc.name);
-    }
-    for (int i = 0; i < 4; i++) {
-        spec = json_object_get(model, slots[i]);
-        const plugin_entry *e = spec ? recipe_spec_plugin(r->rec, spec) : NULL;
-        if (e && !(e->desc.caps & K3RT_CAP_CUDA) && at < sizeof missing)
-            at += (size_t)snprintf(missing + at, sizeof missing - at, "%s%s", at ? ", " : "",
-                                   e->desc.name);
-    }
-    spec = json_object_get(r->doc, "optimizer");
-    const plugin_entry *oe = recipe_spec_plugin(r->rec, spec);
-    if (oe && !(oe->desc.caps & K3RT_CAP_CUDA) && at < sizeof missing)
-        at += (size_t)snprintf(missing + at, sizeof missing - at, "%s%s", at ? ", " : "",
-                               oe->desc.name);
     int gpus = k3rt_cuda_device_count();
-    int want_cuda = device && !strcmp(device, "cuda");
-    int want_cpu = device && !strcmp(device, "cpu");
-    if (want_cuda && gpus == 0)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\" but no CUDA device "
-                         "is available to this build");
-    if (want_cuda && at)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\" but these plugins "
-                         "have no CUDA path: %s", missing);
-    if (want_cuda && r->dp > 1)
-        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "plan.device = \"cuda\" with plan.dp = %d: "
-                         "data parallelism across GPUs (NCCL) is not supported yet; use dp = 1",
-                         r->dp);
-    r->device = K3RT_DEVICE_CPU;
-    if (want_cuda || (!want_cpu && gpus > 0 && !at && r->dp == 1))
-        r->device = 0;
-    else if (!want_cpu && gpus > 0 && at)
-        log_info("note: training on the CPU: plugins without a CUDA path: %s", missing);
+    device_choice dc;
+    K3RT_TRY(device_choose(r->rec, gpus, &dc, err));
+    r->device = dc.cuda ? 0 : K3RT_DEVICE_CPU;
+    if (!dc.cuda && gpus > 0 && dc.missing[0] && !(device && !strcmp(device, "cpu")))
+        log_info("note: training on the CPU: plugins without a CUDA path: %s", dc.missing);
     int cuda = r->device != K3RT_DEVICE_CPU;
     snprintf(r->device_name, sizeof r->device_name, "cpu");
     if (cuda)
@@ -176,6 +142,7 @@ static int read_train_section(run *r, k3rt_error *err)
     r->steps = get_int(t, "steps");
     r->log_interval = get_int(t, "log_interval");
     r->eval_interval = get_int(t, "eval_interval");
+    r->eval_at_start = json_is_true(json_object_get(t, "eval_at_start"));
     r->eval_batches = get_int(t, "eval_batches");
     r->ckpt_interval = get_int(t, "checkpoint_interval");
     r->keep = get_int(t, "keep_checkpoints");

@@ -23,6 +23,7 @@
 #include "plugin.c"
 #include "layout.c"
 #include "cpu.c"
+#include "decode.c"
 
 typedef struct bench_cfg {
     int threads, f64, layer, only; /* only: -1 both, else KDA_CHUNKED / KDA_RECURRENT */

@@ -11,7 +11,6 @@
  * bits. Skips (exit 77) without a CUDA device; runs without fork (CUDA does not survive one).
  * K3RT_KDA_TEST_SMALL=1 keeps the shapes with T <= 100 (compute-sanitizer runs). */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,23 +28,6 @@ static k3rt_stream *CPU;
 static int small_only;
 
 #ifdef K3RT_HAVE_CUDA
-
-/* ---- failures are collected, so one run reports every shape -------------------------------- */
-static int n_failed;
-static char first_failure[512];
-
-static void record_failure(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void record_failure(const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    printf("FAILED: %s\n", msg);
-    if (n_failed++ == 0)
-        snprintf(first_failure, sizeof first_failure, "%s", msg);
-}
 
 /* ---- device arrays ------------------------------------------------------------------------- */
 static void *dalloc(size_t bytes)
@@ -120,13 +102,13 @@ static double expect_close(const char *what, const char *ctx, const double *ref,
 {
     for (int64_t i = 0; i < n; i++)
         if (!isfinite(got[i])) {
-            record_failure("%s %s: element %lld is %g (reference %g): not written or not finite",
-                           ctx, what, (long long)i, got[i], ref[i]);
+            tu_fail_later("%s %s: element %lld is %g (reference %g): not written or not finite",
+                          ctx, what, (long long)i, got[i], ref[i]);
             return INFINITY;
         }
     double e = tu_rel_rms(ref, got, n);
     if (!(e <= tol))
-        record_failure("%s %s: relative rms error %.3g > %.1g", ctx, what, e, tol);
+        tu_fail_later("%s %s: relative rms error %.3g > %.1g", ctx, what, e, tol);
     return e;
 }
 
@@ -365,7 +347,7 @@ static void run_case(const kcase *kc, uint64_t seed)
             for (int i = 0; i < 8; i++) {
                 void *again = download_raw(d[i], nb[i]);
                 if (memcmp(first[i], again, nb[i]))
-                    record_failure("%s %s: a second run gave other bits", ctx, names[i]);
+                    tu_fail_later("%s %s: a second run gave other bits", ctx, names[i]);
                 free(again);
                 free(first[i]);
             }
@@ -404,7 +386,7 @@ START_TEST(kda_cuda_vs_cpu)
             continue;
         run_case(&cases[i], seed++);
     }
-    ck_assert_msg(n_failed == 0, "%d checks failed; the first: %s", n_failed, first_failure);
+    tu_expect_no_failures();
 }
 END_TEST
 

@@ -21,7 +21,6 @@
  * compute-sanitizer runs); CK_RUN_CASE=core or plugin runs one half. Skips (exit 77)
  * without a CUDA device; runs without fork (CUDA does not survive a fork). */
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,42 +89,19 @@ static double *randv(int64_t n, double scale)
     return v;
 }
 
-/* Failed checks are collected, so one run reports every shape; each test asserts at its end
- * that there were none. */
-static int n_failed;
-static char first_failure[512];
-
-static void record_failure(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void record_failure(const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    printf("FAILED: %s\n", msg);
-    if (n_failed++ == 0)
-        snprintf(first_failure, sizeof first_failure, "%s", msg);
-}
-
-static void expect_no_failures(void)
-{
-    ck_assert_msg(n_failed == 0, "%d checks failed; the first: %s", n_failed, first_failure);
-}
-
 /* Every element finite and rel_rms(ref, got) <= tol; returns the error. */
 static double expect_close(const char *what, const char *ctx, const double *ref,
                            const double *got, int64_t n, double tol)
 {
     for (int64_t i = 0; i < n; i++)
         if (!isfinite(got[i])) {
-            record_failure("%s %s: an element is %g (reference %g): not written or not "
-                           "finite", ctx, what, got[i], ref[i]);
+            tu_fail_later("%s %s: an element is %g (reference %g): not written or not "
+                          "finite", ctx, what, got[i], ref[i]);
             return INFINITY;
         }
     double e = tu_rel_rms(ref, got, n);
     if (!(e <= tol))
-        record_failure("%s %s: relative rms error %.3g > %.1g", ctx, what, e, tol);
+        tu_fail_later("%s %s: relative rms error %.3g > %.1g", ctx, what, e, tol);
     return e;
 }
 
@@ -147,7 +123,7 @@ static double expect_log_close(const char *what, const char *ctx, const double *
 {
     double e = max_rel(ref, got, n);
     if (!(e <= tol))
-        record_failure("%s %s: error %.3g > %.1g (|ref - x| / (1 + |ref|))", ctx, what, e, tol);
+        tu_fail_later("%s %s: error %.3g > %.1g (|ref - x| / (1 + |ref|))", ctx, what, e, tol);
     return e;
 }
 
@@ -317,8 +293,8 @@ static void core_case(int dtype, const ashape *s, double scale, int check_determ
         for (int i = 0; i < 3; i++) {
             void *again = bytes_of(outs[i], sizes[i]);
             if (memcmp(first[i], again, sizes[i]))
-                record_failure("%s %s: differs between two runs on the same inputs", mctx,
-                               names[i]);
+                tu_fail_later("%s %s: differs between two runs on the same inputs", mctx,
+                              names[i]);
             free(first[i]), free(again);
         }
     }
@@ -377,7 +353,7 @@ START_TEST(attention_core_vs_cpu)
     core_case(K3RT_F32, &big, 0.3, 0, MLA_KERNEL_K3RT);
     if (cudnn)
         core_case(K3RT_BF16, &big128, 0.3, 0, MLA_KERNEL_CUDNN);
-    expect_no_failures();
+    tu_expect_no_failures();
 }
 END_TEST
 
@@ -598,8 +574,8 @@ static void plugin_case(int dtype, const pcfg *c, int det)
         k3rt_tensor_sink sink;
         TU_OK(rig_stats(&mg, &sink, &err), err);
         if (sink.n != 0)
-            record_failure("%s: %d statistics reported under report_max_logit = false", ctx,
-                           sink.n);
+            tu_fail_later("%s: %d statistics reported under report_max_logit = false", ctx,
+                          sink.n);
         tensor_sink_free(&sink);
     } else {
         max_logits(&mc, mlc, c->H);
@@ -609,7 +585,7 @@ static void plugin_case(int dtype, const pcfg *c, int det)
         rig_reset_stats(&mg);
         max_logits(&mg, mlg, c->H);
         if (!(isinf(mlg[0]) && mlg[0] < 0))
-            record_failure("%s max logit: %g after reset_stats, not -inf", ctx, mlg[0]);
+            tu_fail_later("%s max logit: %g after reset_stats, not -inf", ctx, mlg[0]);
     }
     if (isnan(em))
         printf("%s: worst relative rms %.2e over y, dx and %d gradients; no max logits "
@@ -657,7 +633,7 @@ START_TEST(plugin_vs_cpu)
                 plugin_case(dtypes[d], &cfgs[i], 1);
         }
     }
-    expect_no_failures();
+    tu_expect_no_failures();
 }
 END_TEST
 

@@ -10,25 +10,6 @@
 
 #include "testutil/testutil.h"
 
-static double final_val_loss(const char *out)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    FILE *f = fopen(path, "r");
-    ck_assert_msg(f != NULL, "no %s", path);
-    char line[65536];
-    double val = NAN;
-    while (fgets(line, sizeof line, f)) {
-        json_t *j = json_loads(line, 0, NULL);
-        ck_assert_msg(j != NULL, "bad metrics line: %s", line);
-        if (json_is_number(json_object_get(j, "val_loss")))
-            val = json_number_value(json_object_get(j, "val_loss"));
-        json_decref(j);
-    }
-    fclose(f);
-    return val;
-}
-
 static double train(const char *device, const char *dir, long steps, char **log)
 {
     char cmd[4096];
@@ -39,7 +20,7 @@ static double train(const char *device, const char *dir, long steps, char **log)
              tu_k3rt_bin(), tu_source_dir(), dir, device, steps, steps);
     int rc = tu_run(cmd, log);
     ck_assert_msg(rc == 0, "%s run failed (exit %d):\n%s", device, rc, *log);
-    return final_val_loss(dir);
+    return tu_metrics_final_val_loss(dir);
 }
 
 START_TEST(bf16_gpu_training_matches_cpu)

@@ -1,6 +1,6 @@
 /* ABI compatibility end to end: a plugin built against an older ABI minor (smaller vtable and
- * option struct sizes, poison past them) passes `k3rt check-plugin` and trains, checkpoint
- * included; a newer minor and another major are refused by `k3rt train` naming both versions.
+ * option struct sizes, poison past them) passes `k3rt check-plugin`, trains, checkpoint
+ * included, and samples (without the ABI 2.2 decode_step: along the sliding context); a newer minor and another major are refused by `k3rt train` naming both versions.
  * (The loader-level assertions are in unit/test_loader.c.) */
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +56,14 @@ START_TEST(older_minor_passes_the_harness_and_trains)
     FILE *f = fopen(done, "r");
     ck_assert_msg(f != NULL, "no checkpoint at step 12");
     fclose(f);
+    /* An ABI 2.0 mixer has no decode_step: sampling falls back to the sliding context. */
+    snprintf(cmd, sizeof cmd, "%s sample %s/checkpoints --bytes 12 --plugin "
+             "%sshift_old_minor.so", tu_k3rt_bin(), run, FIXTURES);
+    rc = tu_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "12 bytes in") &&
+                  strstr(out, "sliding context recomputed per byte") &&
+                  strstr(out, "no incremental decoding"), "%s", out);
+    free(out);
 }
 END_TEST
 

@@ -65,6 +65,8 @@ static const struct {
     {"shift_crash.so", "--config '{\"init_std\": 0.3}'", "FAIL  mixer",
      "the plugin crashed: signal"},
     {"shift_mixer.so", "", "FAIL  config", "missing required key 'init_std'"},
+    {"shift_bad_decode.so", "--config '{\"init_std\": 0.3}'", "FAIL  decode",
+     "worst relative rms against forward's y"},
     {"bad_norm_residual.so", "", "FAIL  fused norm", "worst relative rms"},
     {"leaky_state.so", "", "FAIL  state()", "diverges from the original"},
     {"leaky_wrong_sign.so", "", "FAIL  update", "moved with the load"},
@@ -96,6 +98,11 @@ START_TEST(the_same_plugin_without_the_flaw_passes)
     char *out = NULL;
     int rc = check(FIXTURES "shift_mixer.so", "--config '{\"init_std\": 0.3}'", &out);
     ck_assert_msg(rc == 0 && strstr(out, "result: PASS"), "%s", out);
+    free(out);
+    /* with a recurrent state and the ABI 2.0 decode(): the state and decode checks pass */
+    rc = check(FIXTURES "shift_state.so", "--config '{\"init_std\": 0.3}'", &out);
+    ck_assert_msg(rc == 0 && strstr(out, "PASS  state") && strstr(out, "PASS  decode") &&
+                  strstr(out, "result: PASS"), "%s", out);
     free(out);
     /* a name on the search path works as well as a path; usage errors exit 2 */
     rc = check("mla", "--seq 4", &out);

@@ -92,6 +92,32 @@ START_TEST(data_parallel_equals_one_rank_with_the_whole_batch)
 }
 END_TEST
 
+/* train.eval_at_start: the initial weights' validation loss is the first record (step 0,
+ * no training loss), near ln 256 for a fresh byte model. */
+START_TEST(eval_at_start_records_step_zero)
+{
+    char out[512], path[1024], *log = NULL;
+    tu_tmpdir(out, sizeof out);
+    int rc = train("scripts/recipes/tiny_dense.lua", out,
+                   "--set train.steps=2 --set train.checkpoint_interval=0 --no-sample "
+                   "--set train.eval_at_start=true", &log);
+    ck_assert_msg(rc == 0, "train failed (%d):\n%s", rc, log);
+    free(log);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    json_error_t je;
+    json_t *first = json_loadf(f, JSON_DISABLE_EOF_CHECK, &je);
+    fclose(f);
+    ck_assert_msg(first != NULL, "metrics.jsonl: %s", je.text);
+    ck_assert_int_eq(json_integer_value(json_object_get(first, "step")), 0);
+    ck_assert_msg(!json_object_get(first, "loss"), "step 0 has a training loss");
+    double v0 = json_number_value(json_object_get(first, "val_loss"));
+    ck_assert_msg(v0 > 5.0 && v0 < 6.0, "step-0 validation loss %g is not near ln 256", v0);
+    json_decref(first);
+}
+END_TEST
+
 START_TEST(main_job_outputs)
 {
     char out[512], *log = NULL, path[1024];
@@ -131,7 +157,36 @@ START_TEST(main_job_outputs)
     sample[got] = '\0';
     ck_assert_msg(got > 0 && !strncmp(log, sample, got), "k3rt sample gave\n%s\nthe run wrote\n%s",
                   log, sample);
+    ck_assert_msg(strstr(log, "60 bytes in") && strstr(log, "tokens/s on cpu") &&
+                  strstr(log, "cached decode"), "no decoding report:\n%s", log);
     free(log);
+    /* greedy text along the cache and along the sliding context (within seq_len: the same
+     * context) agree; a GPU asked for where there is none is refused plainly */
+    char *greedy[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "cd %s && %s sample %s/checkpoints --temperature 0 "
+                 "--bytes 40 %s", tu_source_dir(), tu_k3rt_bin(), out,
+                 i ? "--recompute" : "");
+        rc = tu_run(cmd, &greedy[i]);
+        ck_assert_msg(rc == 0, "greedy sample failed:\n%s", greedy[i]);
+    }
+    ck_assert_msg(strlen(greedy[0]) > 41 && !strncmp(greedy[0], greedy[1], 41),
+                  "cached:\n%s\nsliding:\n%s", greedy[0], greedy[1]); /* 40 bytes, newline */
+    free(greedy[0]), free(greedy[1]);
+    /* past seq_len (128) the caches keep the whole text, and say so */
+    snprintf(cmd, sizeof cmd, "cd %s && %s sample %s/checkpoints --bytes 150", tu_source_dir(),
+             tu_k3rt_bin(), out);
+    rc = tu_run(cmd, &log);
+    ck_assert_msg(rc == 0 && strstr(log, "context grew to 151 bytes, past plan.seq_len = 128"),
+                  "%s", log);
+    free(log);
+    if (!tu_has_cuda_device()) {
+        snprintf(cmd, sizeof cmd, "cd %s && %s sample %s/checkpoints --device cuda",
+                 tu_source_dir(), tu_k3rt_bin(), out);
+        rc = tu_run(cmd, &log);
+        ck_assert_msg(rc == 1 && strstr(log, "no CUDA device"), "%s", log);
+        free(log);
+    }
     snprintf(cmd, sizeof cmd, "cd %s && %s eval %s/checkpoints --windows 8", tu_source_dir(),
              tu_k3rt_bin(), out);
     rc = tu_run(cmd, &log);
@@ -159,6 +214,7 @@ int main(void)
     tcase_add_test(tc, resume_is_bitwise_exact);
     tcase_add_test(tc, data_parallel_equals_one_rank_with_the_whole_batch);
     tcase_add_test(tc, main_job_outputs);
+    tcase_add_test(tc, eval_at_start_records_step_zero);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

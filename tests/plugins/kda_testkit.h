@@ -16,6 +16,7 @@
 #include "../../plugins/attention/kda/plugin.c"
 #include "../../plugins/attention/kda/layout.c"
 #include "../../plugins/attention/kda/cpu.c"
+#include "../../plugins/attention/kda/decode.c"
 
 static inline void kt_randn(double *x, int64_t n, double scale, k3rt_rng *rng)
 {

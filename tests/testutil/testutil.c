@@ -7,6 +7,7 @@
 #include "train/safetensors.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -63,6 +64,30 @@ void tu_write_file(const char *path, const char *text)
     ck_assert_msg(f != NULL, "cannot write %s", path);
     fputs(text, f);
     fclose(f);
+}
+
+static int fail_count;
+static char fail_first[600];
+
+void tu_fail_later(const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    printf("FAILED: %s\n", msg);
+    if (fail_count++ == 0)
+        snprintf(fail_first, sizeof fail_first, "%s", msg);
+}
+
+void tu_failures_reset(void) { fail_count = 0; }
+
+void tu_expect_no_failures(void)
+{
+    int n = fail_count;
+    fail_count = 0;
+    ck_assert_msg(n == 0, "%d checks failed; the first: %s", n, fail_first);
 }
 
 double tu_rel_rms(const double *ref, const double *x, int64_t n)
@@ -173,6 +198,25 @@ int tu_metrics_losses(const char *out, double *loss, int max)
     }
     fclose(f);
     return n;
+}
+
+double tu_metrics_final_val_loss(const char *out)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "no %s", path);
+    char line[65536];
+    double val = NAN;
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        ck_assert_msg(j != NULL, "bad metrics line: %s", line);
+        if (json_is_number(json_object_get(j, "val_loss")))
+            val = json_number_value(json_object_get(j, "val_loss"));
+        json_decref(j);
+    }
+    fclose(f);
+    return val;
 }
 
 json_t *tu_metrics_profile(const char *out, int first_step, int last_step, int steps)

@@ -28,6 +28,12 @@ const char *tu_source_dir(void);
 const char *tu_python_with_numpy(void);
 /* Writes text to path (fails the test on error). */
 void tu_write_file(const char *path, const char *text);
+/* Failures collected so that one run reports every case: tu_fail_later prints one ("FAILED: ...")
+ * and counts it; tu_expect_no_failures fails the test when any was counted since the last
+ * reset (naming the first) and resets; tu_failures_reset forgets them (a test's start). */
+void tu_fail_later(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void tu_expect_no_failures(void);
+void tu_failures_reset(void);
 /* rms(ref - x) / rms(ref). */
 double tu_rel_rms(const double *ref, const double *x, int64_t n);
 /* Fills with N(0, scale^2) from a seeded generator. */
@@ -38,6 +44,8 @@ k3rt_stream *tu_cpu_stream(int threads);
 /* Losses by step from <out>/metrics.jsonl into loss[step] (steps below max); returns the
  * largest step read. */
 int tu_metrics_losses(const char *out, double *loss, int max);
+/* The last validation loss in <out>/metrics.jsonl (NAN when it has none). */
+double tu_metrics_final_val_loss(const char *out);
 /* The one `k3rt train --profile` record of <out>/metrics.jsonl (the caller decrefs it), checked:
  * at step last_step, over `steps` steps from first_step, every part's time non-negative, their
  * sum within the step's wall time and the gap what is left of it. */

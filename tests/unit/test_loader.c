@@ -63,6 +63,8 @@ START_TEST(older_minor_loads_with_missing_fields_null)
     ck_assert_ptr_nonnull(e->vt.attention.backward);
     ck_assert_ptr_null(e->vt.attention.state_layout);
     ck_assert_ptr_null(e->vt.attention.decode);
+    ck_assert_ptr_null(e->vt.attention.decode_step);  /* ABI 2.2 */
+    ck_assert_int_eq(e->desc.abi_minor, 0);
     /* Its options are read with its own stride; a message about its required option cannot
      * quote a help text it does not have (reading one would run past the table). */
     ck_assert_uint_lt(e->desc.option_size, sizeof(k3rt_option));

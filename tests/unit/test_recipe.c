@@ -147,8 +147,8 @@ START_TEST(test_good_recipe_document)
     same_json(at(doc, "train"),
               "{\"steps\":1000,\"warmup\":100,\"schedule\":\"cosine\",\"min_lr_ratio\":0.1,"
               "\"seed\":1,\"grad_clip\":1.0,\"log_interval\":10,\"eval_interval\":250,"
-              "\"eval_batches\":0,\"checkpoint_interval\":500,\"keep_checkpoints\":2,"
-              "\"max_bad_steps\":5,\"init_weights\":null,\"changes\":[]}");
+              "\"eval_batches\":0,\"eval_at_start\":false,\"checkpoint_interval\":500,"
+              "\"keep_checkpoints\":2,\"max_bad_steps\":5,\"init_weights\":null,\"changes\":[]}");
     same_json(at(doc, "data"), "{\"tokenizer\":\"bytes\",\"path\":\"data/x.txt\","
                                "\"val_fraction\":0.1,\"train\":null,\"val\":null,"
                                "\"packed_documents\":false}");

@@ -16,7 +16,9 @@
  *   cpu_layer.inc.c        the layer (kda_layer_fwd / _bwd): projections -> recurrence ->
  *                          norm, gate, output projection, and back
  *   cpu_summary.inc.c      context parallelism: the affine summary of a span (per head, per
- *                          call, per layer) and the composition of two */
+ *                          call, per layer) and the composition of two
+ *   cpu_decode.inc.c       incremental decoding: one token's pieces (conv over the cached
+ *                          inputs, gate, one recurrent step, output gate) for decode.c */
 
 /* ---- float ----------------------------------------------------------------------------------- */
 #define REAL float
@@ -33,6 +35,7 @@
 #include "cpu_layer_parts.inc.c"
 #include "cpu_layer.inc.c"
 #include "cpu_summary.inc.c"
+#include "cpu_decode.inc.c"
 #undef REAL
 #undef SUF
 #undef KDA_DTYPE
@@ -55,6 +58,7 @@
 #include "cpu_layer_parts.inc.c"
 #include "cpu_layer.inc.c"
 #include "cpu_summary.inc.c"
+#include "cpu_decode.inc.c"
 #undef REAL
 #undef SUF
 #undef KDA_DTYPE

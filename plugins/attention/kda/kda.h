@@ -229,6 +229,52 @@ typedef struct kda_io {
 KDA_DECLARE(float, f32)
 KDA_DECLARE(double, f64)
 
+/* ---- incremental decoding (decode.c) ---------------------------------------------------- */
+
+/* One cache per batch of B sequences decoded side by side: what the layer keeps between two
+ * tokens, and one step's scratch. */
+typedef struct kda_cache {
+    int64_t B;
+    void *S;          /* [B, HV, dim_k, dim_v] the recurrent state: REAL on the CPU, f32 on
+                         CUDA (as state_layout) */
+    void *hist[3];    /* [B, W-1, Dk | Dk | Dv] the q, k, v conv inputs (projections) of the
+                         last W-1 tokens, oldest first, zeros before the first token: the conv
+                         halo of the next token (compute dtype) */
+    void *ws;         /* one step's buffers (kda_dec_layout in decode.c) */
+} kda_cache;
+
+/* The pieces of one decode step that the shared ops lack, per device and dtype; decode.c runs
+ * the step with them (device pointers, compute dtype unless said otherwise):
+ *   conv    out = act(z), z = the short conv of the token p [B, C] over hist [B, W-1, C] (the
+ *           previous W-1 inputs), C = heads * hd; act = SiLU, then with l2 the L2 norm of each
+ *           head's hd channels (kda_cu_conv_fwd's); then hist drops its oldest row and appends p.
+ *           scratch: kda_dec_scratch bytes.
+ *   gate    g = the forget gate of z [B, HV*dim_k] (z + dt_bias, then lb sigmoid or softplus).
+ *           On the CPU z becomes z + dt_bias in place.
+ *   recur   one token of the recurrence per (sequence, value head) on the state S (kda_cache),
+ *           o = S^T (scale q) after the write.
+ *   ogate   yg = on sigmoid(G) over n elements. */
+typedef struct kda_dec_kernels {
+    int (*conv)(const kda *m, k3rt_stream *s, int64_t B, int64_t heads, int64_t hd,
+                const void *p, void *hist, const void *w, int l2, void *out, void *scratch,
+                k3rt_error *err);
+    int (*gate)(const kda *m, k3rt_stream *s, int64_t B, void *z, const void *a_log,
+                const void *dt_bias, void *g, k3rt_error *err);
+    int (*recur)(const kda *m, k3rt_stream *s, int64_t B, void *S, const void *q, const void *k,
+                 const void *v, const void *g, const void *beta, void *o, void *scratch,
+                 k3rt_error *err);
+    int (*ogate)(const kda *m, k3rt_stream *s, int64_t n, const void *on, const void *G,
+                 void *yg, k3rt_error *err);
+} kda_dec_kernels;
+
+extern const kda_dec_kernels kda_dec_cpu_f32, kda_dec_cpu_f64;
+/* Scratch bytes the CPU pieces need for B sequences (the CUDA ones need none). */
+int64_t kda_dec_scratch(const kda *m, int64_t B);
+
+int kda_cache_create(void *self, const k3rt_cache_args *a, void **cache, k3rt_error *err);
+int kda_decode_step(void *self, void *cache, const k3rt_decode_args *a, k3rt_error *err);
+void kda_cache_destroy(void *self, void *cache);
+
 /* The layer on CUDA (cuda.c, built only with CUDA), f32 or bf16: sizes of the saved parts and
  * the workspace, forward, backward, cp_summary (f32 m, b) and cp_compose (f32, n heads). */
 int kda_gpu_memory(const kda *m, int64_t B, int64_t T, k3rt_memory *out, k3rt_error *err);
@@ -239,5 +285,7 @@ int kda_gpu_summary(const kda *m, const k3rt_fwd_args *a, float *sm, float *sb,
                     k3rt_error *err);
 int kda_gpu_compose(kda *m, k3rt_stream *s, int64_t n, const float *m1, const float *b1,
                     const float *m2, const float *b2, float *mo, float *bo, k3rt_error *err);
+/* The decode step's pieces on CUDA (cuda_decode.c), f32 or bf16. */
+extern const kda_dec_kernels kda_dec_cuda;
 
 #endif

@@ -502,6 +502,9 @@ static const k3rt_attention_vtable kda_vtable = {
     .cp_summary = kda_cp_summary,
     .cp_compose = kda_cp_compose,
     .context = kda_context,
+    .cache_create = kda_cache_create,
+    .decode_step = kda_decode_step,
+    .cache_destroy = kda_cache_destroy,
 };
 
 static const k3rt_plugin_descriptor kda_descriptor = {
@@ -514,7 +517,7 @@ static const k3rt_plugin_descriptor kda_descriptor = {
     .description = "Kimi Delta Attention: gated delta rule with channel-wise forget gate (safe "
                    "lower-bound or softplus), short conv, GVA; chunked and recurrent CPU paths, "
                    "CUDA (f32, bf16), state in/out, packed documents, context-parallel "
-                   "summaries",
+                   "summaries, cached decoding",
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC |
             K3RT_CAP_DOCUMENTS,

@@ -1,4 +1,5 @@
-/* The MLA CPU reference (cpu.inc.c), written once over a real type REAL and built here twice:
+/* The MLA CPU reference (cpu.inc.c, and the decode step's pieces in cpu_decode.inc.c), written
+ * once over a real type REAL and built here twice:
  * float for runs (with a vectorisable exp), double for the tests' finite differences. Every
  * name it defines carries SUF(). */
 #include <math.h>
@@ -32,6 +33,7 @@ static inline float mla_expf(float x)
 #define EXP mla_expf
 #define SUF(name) name##_f32
 #include "cpu.inc.c"
+#include "cpu_decode.inc.c"
 #undef REAL
 #undef DTYPE
 #undef EXP
@@ -43,3 +45,4 @@ static inline float mla_expf(float x)
 #define EXP exp
 #define SUF(name) name##_f64
 #include "cpu.inc.c"
+#include "cpu_decode.inc.c"

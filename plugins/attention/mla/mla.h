@@ -107,9 +107,42 @@ int mla_forward_f64(mla *m, const k3rt_fwd_args *a, k3rt_error *err);
 int mla_backward_f32(mla *m, const k3rt_bwd_args *a, k3rt_error *err);
 int mla_backward_f64(mla *m, const k3rt_bwd_args *a, k3rt_error *err);
 
+/* ---- incremental decoding (decode.c) ---------------------------------------------------- */
+
+/* The latent KV cache of B sequences decoded side by side, in the decode-absorbed form (spec
+ * §7.1, exact under NoPE): per position the normed latent ĉ (dc) and the shared key kr (dr),
+ * the MQA key of every head; one query attends to it as
+ *   score_h(τ) = scale ((W_kb,h^T q_h^n) · ĉ_τ + q_h^r · kr_τ),  o_h = W_vb,h Σ_τ P_h(τ) ĉ_τ. */
+typedef struct mla_cache {
+    int64_t B, cap;   /* sequences; positions allocated per sequence (grows by doubling) */
+    void *kv;         /* [B, cap, dc + dr] compute dtype */
+    void *scores;     /* [B, H, cap] f32 (REAL on the CPU): one step's scores */
+    void *ws;         /* one step's buffers (decode.c) */
+} mla_cache;
+
+/* The decode step's own pieces, per device and dtype (device pointers, compute dtype):
+ *   attend  ctx [B, H, dc] = Σ_τ P(τ) ĉ_τ over the L cached positions, P = softmax of the
+ *           scores above from q_abs [B, H, dc] = W_kb,h^T q_h^n and q_r [B, H, dr] (NULL when
+ *           dr = 0); scores: the cache's scratch.
+ *   gate    og = o sigmoid(z) over n elements. */
+typedef struct mla_dec_kernels {
+    int (*attend)(const mla *m, k3rt_stream *s, int64_t B, int64_t L, const mla_cache *c,
+                  const void *q_abs, const void *q_r, void *ctx, k3rt_error *err);
+    int (*gate)(const mla *m, k3rt_stream *s, int64_t n, const void *o, const void *z, void *og,
+                k3rt_error *err);
+} mla_dec_kernels;
+
+extern const mla_dec_kernels mla_dec_cpu_f32, mla_dec_cpu_f64;
+
+int mla_cache_create(void *self, const k3rt_cache_args *a, void **cache, k3rt_error *err);
+int mla_decode_step(void *self, void *cache, const k3rt_decode_args *a, k3rt_error *err);
+void mla_cache_destroy(void *self, void *cache);
+
 /* The CUDA path (cuda.c; built only with K3RT_PLUGIN_HAVE_CUDA), f32 or bf16 on device
  * tensors. Under bf16 the parameter gradients are f32 (k3rt/ops.h). */
 int mla_forward_cuda(mla *m, const k3rt_fwd_args *a, k3rt_error *err);
 int mla_backward_cuda(mla *m, const k3rt_bwd_args *a, k3rt_error *err);
+/* The decode step's pieces on CUDA (cuda_decode.c). */
+extern const mla_dec_kernels mla_dec_cuda;
 
 #endif

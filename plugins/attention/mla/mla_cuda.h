@@ -93,6 +93,15 @@ int mla_gate_fwd_cuda(void *stream, int dtype, const void *o, const void *z, voi
 int mla_gate_bwd_cuda(void *stream, int dtype, const void *o, const void *z, void *dg,
                       void *dz, int64_t n, k3rt_error *err);
 
+/* Decoding (decode.cu): one query per (b, h) against the latent cache kv [B, cap, dc + dr] (ĉ,
+ * then the shared key kr) of L <= cap positions: scores scale (q_abs ĉ_τ + q_r kr_τ) into
+ * scores ([B, H, cap] f32 scratch), their softmax P, and ctx [B, H, dc] = sum_τ P(τ) ĉ_τ;
+ * q_abs [B, H, dc], q_r [B, H, dr] (NULL when dr = 0). */
+int mla_decode_attend_cuda(void *stream, int dtype, int64_t B, int64_t H, int64_t dc,
+                           int64_t dr, int64_t L, int64_t cap, double scale, const void *q_abs,
+                           const void *q_r, const void *kv, float *scores, void *ctx,
+                           k3rt_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -359,6 +359,9 @@ static const k3rt_attention_vtable mla_vtable = {
     .struct_size = sizeof(k3rt_attention_vtable),
     .forward = mla_forward,
     .backward = mla_backward,
+    .cache_create = mla_cache_create,
+    .decode_step = mla_decode_step,
+    .cache_destroy = mla_cache_destroy,
 };
 
 static const k3rt_plugin_descriptor mla_descriptor = {
@@ -369,7 +372,8 @@ static const k3rt_plugin_descriptor mla_descriptor = {
     .kind = K3RT_KIND_ATTENTION,
     .version = "1.0.0",
     .description = "NoPE multi-head latent attention (Kimi), optional q low-rank and K3's "
-                   "sigmoid output gate; reports per-head max logits for QK-clip",
+                   "sigmoid output gate; reports per-head max logits for QK-clip; cached decoding "
+                   "over the latent KV",
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     .caps = K3RT_CAP_CPU | K3RT_CAP_CUDA | K3RT_CAP_F64 | K3RT_CAP_DETERMINISTIC |
             K3RT_CAP_DOCUMENTS,

@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 #define K3RT_ABI_MAJOR 2
-#define K3RT_ABI_MINOR 1
+#define K3RT_ABI_MINOR 2
 
 /* ---- Kinds and capabilities ------------------------------------------------------------------ */
 
@@ -363,6 +363,33 @@ typedef struct k3rt_context_needs {
     int64_t kv_width;       /* width of kv_prefix rows (MLA: the latent KV); 0: none */
 } k3rt_context_needs;
 
+/* ABI 2.2: incremental decoding, one token per sequence with a cache the plugin owns (see
+ * k3rt_attention_vtable.decode_step). */
+typedef struct k3rt_cache_args {
+    uint32_t struct_size;
+    int32_t reserved_;
+    k3rt_stream *stream;          /* the run's compute stream */
+    int64_t batch;                /* sequences decoded side by side, >= 1 */
+    int64_t capacity;             /* tokens per sequence the engine expects to decode (>= 1): a
+                                     cache that grows per token may reserve that much, and must
+                                     still grow past it when asked */
+} k3rt_cache_args;
+
+typedef struct k3rt_decode_args {
+    uint32_t struct_size;
+    int32_t reserved_;
+    k3rt_stream *stream;
+    int64_t batch;                /* as at cache_create */
+    int64_t pos;                  /* the new token's position: tokens of each sequence the cache
+                                     already holds (0 for the first) */
+    k3rt_tensor x;                /* [B, 1, d] the layer input of the new token */
+    k3rt_tensor y;                /* [B, 1, d], written: what forward would give at position pos
+                                     of the whole sequence */
+    const k3rt_tensor *params;    /* in declaration order */
+    int32_t n_params;
+    int32_t reserved2_;
+} k3rt_decode_args;
+
 typedef struct k3rt_attention_vtable {
     uint32_t struct_size;
     int (*forward)(void *self, const k3rt_fwd_args *a, k3rt_error *err);
@@ -377,7 +404,9 @@ typedef struct k3rt_attention_vtable {
     int (*cp_compose)(void *self, k3rt_stream *s, k3rt_tensor m1, k3rt_tensor b1,
                       k3rt_tensor m2, k3rt_tensor b2, k3rt_tensor m, k3rt_tensor b,
                       k3rt_error *err);
-    /* Optional: one token per sequence: a->seq == 1; state_in -> state_out carries the cache. */
+    /* Optional (ABI 2.0): one token per sequence, a->seq == 1, the cache carried in state_in
+     * -> state_out (so it must fit state_layout). The engine decodes with it when decode_step
+     * (ABI 2.2, below) is absent. */
     int (*decode)(void *self, const k3rt_fwd_args *a, k3rt_error *err);
     /* Optional: what a span needs of earlier spans (x_prefix / kv_prefix). NULL: nothing but
      * the state (or, without state_layout, the plugin cannot split a sequence). */
@@ -388,6 +417,16 @@ typedef struct k3rt_attention_vtable {
     int (*kv_project)(void *self, const k3rt_fwd_args *a, k3rt_tensor kv, k3rt_error *err);
     int (*kv_project_backward)(void *self, const k3rt_bwd_args *a, k3rt_tensor d_kv,
                                k3rt_error *err);
+    /* ABI 2.2, optional, all three or none: incremental decoding. cache_create makes an empty
+     * cache for a->batch sequences on the instance's device (KDA: the recurrent state and the
+     * short conv's last inputs; MLA: the latent KV of every position so far), owned by the
+     * plugin; decode_step runs one token per sequence through the layer, reading and extending
+     * the cache (its y equals forward's at that position of the whole sequence, up to
+     * rounding); cache_destroy frees it. Inference only: no saved activations, statistics or
+     * gradients. Without them the engine decodes by running forward over the whole context. */
+    int (*cache_create)(void *self, const k3rt_cache_args *a, void **cache, k3rt_error *err);
+    int (*decode_step)(void *self, void *cache, const k3rt_decode_args *a, k3rt_error *err);
+    void (*cache_destroy)(void *self, void *cache);
 } k3rt_attention_vtable;
 
 /* One call of an MoE's experts on the rows a rank holds (expert parallelism, below). */

@@ -15,7 +15,7 @@
  * token and one past the last of token n's document; NULL means the row is one document. The
  * conv of a token reads only its own document; a row's first document also reads the W-1 halo
  * rows of its row (halo [B, W-1, C], NULL: zeros) — the layer inputs before the span under
- * context parallelism. */
+ * context parallelism. The decode step's own two kernels (decode.cu) are declared last. */
 #ifndef K3RT_PLUGIN_KDA_LAYER_CUDA_H
 #define K3RT_PLUGIN_KDA_LAYER_CUDA_H
 
@@ -77,6 +77,16 @@ int kda_cu_ogate_fwd(void *stream, int dtype, int64_t n, const void *on, const v
                      k3rt_error *err);
 int kda_cu_ogate_bwd(void *stream, int dtype, int64_t n, const void *on, const void *G,
                      const void *dyg, void *don, void *dG, k3rt_error *err);
+
+/* Decoding (decode.cu), one token per sequence: hist [B, W-1, C] (the conv inputs of the last
+ * W-1 tokens, oldest first) drops its oldest row and appends p [B, C]; and one token of the
+ * recurrence on the fp32 state S [B, HV, D, D] (dk = dv = D in {32, 64, 128}) from q, k
+ * [B, H, D], v [B, HV, D], g [B, HV, D], beta [B, HV], writing o [B, HV, D] (scale D^-1/2). */
+int kda_cu_decode_push(void *stream, int dtype, int64_t B, int64_t W, int64_t C, void *hist,
+                       const void *p, k3rt_error *err);
+int kda_cu_decode_step(void *stream, int dtype, int64_t B, int64_t H, int64_t HV, int64_t D,
+                       float *S, const void *q, const void *k, const void *v, const void *g,
+                       const void *beta, void *o, k3rt_error *err);
 
 #ifdef __cplusplus
 }
