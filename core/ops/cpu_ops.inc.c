@@ -198,20 +198,71 @@ static inline REAL SUF(act_slope)(int act, REAL x)
     }
 }
 
+static inline void SUF(sigmoid_n)(const REAL *x, REAL *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = SUF(sigmoid)(x[i]);
+}
+
+/* Sigmoid and SiLU in blocks: a block's sigmoids first, as one vectorised pass (R_SIGMOID_N),
+ * then act_value's / act_slope's products. */
+#define ACT_BLOCK 256
+
+static int SUF(act_by_sigmoid)(int act)
+{
+    return act == K3RT_ACT_SIGMOID || act == K3RT_ACT_SILU;
+}
+
 void SUF(cpu_act_fwd)(int act, const REAL *x, REAL *y, int64_t n, int threads)
 {
+    if (!SUF(act_by_sigmoid)(act)) {
 #pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        y[i] = SUF(act_value)(act, x[i]);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = SUF(act_value)(act, x[i]);
+        return;
+    }
+    int64_t blocks = (n + ACT_BLOCK - 1) / ACT_BLOCK;
+    int silu = act == K3RT_ACT_SILU;
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        int64_t i0 = bk * ACT_BLOCK, len = n - i0 < ACT_BLOCK ? n - i0 : ACT_BLOCK;
+        REAL s[ACT_BLOCK];
+        R_SIGMOID_N(x + i0, s, len);
+        const REAL *xb = x + i0;
+        REAL *yb = y + i0;
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++)
+            yb[j] = silu ? xb[j] * s[j] : s[j];
+    }
 }
 
 void SUF(cpu_act_bwd)(int act, const REAL *x, const REAL *dy, REAL *dx, int64_t n, int acc,
                       int threads)
 {
+    if (!SUF(act_by_sigmoid)(act)) {
 #pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        REAL v = dy[i] * SUF(act_slope)(act, x[i]);
-        dx[i] = acc ? dx[i] + v : v;
+        for (int64_t i = 0; i < n; i++) {
+            REAL v = dy[i] * SUF(act_slope)(act, x[i]);
+            dx[i] = acc ? dx[i] + v : v;
+        }
+        return;
+    }
+    int64_t blocks = (n + ACT_BLOCK - 1) / ACT_BLOCK;
+    int silu = act == K3RT_ACT_SILU;
+    const REAL one = 1;
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        int64_t i0 = bk * ACT_BLOCK, len = n - i0 < ACT_BLOCK ? n - i0 : ACT_BLOCK;
+        REAL s[ACT_BLOCK];
+        R_SIGMOID_N(x + i0, s, len);
+        const REAL *xb = x + i0, *dyb = dy + i0;
+        REAL *dxb = dx + i0;
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++) {
+            REAL slope = silu ? s[j] * (one + xb[j] * (one - s[j])) : s[j] * (one - s[j]);
+            REAL v = dyb[j] * slope;
+            dxb[j] = acc ? dxb[j] + v : v;
+        }
     }
 }
 
@@ -219,12 +270,6 @@ void SUF(cpu_act_bwd)(int act, const REAL *x, const REAL *dy, REAL *dx, int64_t 
  * In blocks: a block's sigmoid and tanh first, each as one vectorised pass (R_SIGMOID_N,
  * R_TANH_DIV), then the products. */
 #define GLU_BLOCK 256
-
-static inline void SUF(sigmoid_n)(const REAL *x, REAL *y, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        y[i] = SUF(sigmoid)(x[i]);
-}
 
 /* The transcendentals of elements i0 .. i0 + len: sg = sigmoid(g), and for SiTU
  * t1 = tanh(g / b1), t2 = tanh(u / b2). */

@@ -1,9 +1,10 @@
-/* The CPU's vectorised float tanh and sigmoid (core/ops/cpu_vmath.c, built into this test):
- * within 1 ulp of the correctly rounded value over a sweep of every float exponent and almost
- * always equal to it, special values, an element's result independent of its position in the
- * array (vector body or tail) and equal to the scalar entry; and the float SiTU / SwiGLU
- * kernels built on them against the double ones, forward and backward, the same bits for one
- * thread and two. */
+/* The CPU's vectorised float tanh and sigmoid (core/ops/cpu_vmath.c, built into this test), over
+ * a sweep of every float exponent: tanh within 1 ulp of the correctly rounded value and almost
+ * always equal to it, sigmoid almost always the scalar float formula on a correctly rounded
+ * exp; special values, an element's result independent of its position in the
+ * array (vector body or tail) and equal to the scalar entry; and the float SiTU / SwiGLU,
+ * sigmoid and SiLU kernels built on them against the double ones, forward and backward, the
+ * same bits for one thread and two. */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -26,7 +27,13 @@ static int64_t ulps(float a, float b)
 }
 
 static float tanh_ref(float x) { return (float)tanh((double)x); }
-static float sigmoid_ref(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
+
+/* the scalar kernels' float sigmoid on a correctly rounded exp */
+static float sigmoid_ref(float x)
+{
+    float e = (float)exp(-(double)fabsf(x));
+    return (x >= 0 ? 1.0f : e) / (1.0f + e);
+}
 
 /* Every 1021st bit pattern (all exponents, both signs), NaNs and infinities left out. */
 static int64_t sweep(float *x, int64_t cap)
@@ -42,23 +49,22 @@ static int64_t sweep(float *x, int64_t cap)
     return n;
 }
 
+/* y equals ref(x) but for a few in 10^4 (the double evaluation's error is < 3e-13: a result
+ * rounds otherwise only next to a tie), and those are at most max_ulp away. */
 static void check_against(const float *x, const float *y, int64_t n, float (*ref)(float),
-                          const char *what)
+                          int64_t max_ulp, const char *what)
 {
-    int64_t off = 0, worst = 0;
+    int64_t off = 0;
     for (int64_t i = 0; i < n; i++) {
         float r = ref(x[i]);
         if (bits(r) == bits(y[i]))
             continue;
         int64_t d = ulps(r, y[i]);
-        ck_assert_msg(d == 1, "%s(%a) = %a, correctly rounded %a (%lld ulp)", what, (double)x[i],
+        ck_assert_msg(d <= max_ulp, "%s(%a) = %a, reference %a (%lld ulp)", what, (double)x[i],
                       (double)y[i], (double)r, (long long)d);
         off++;
-        worst = d > worst ? d : worst;
     }
-    /* the double evaluation's error is < 3e-13: a float result is off only next to a tie */
-    ck_assert_msg(off * 10000 < n, "%s: %lld of %lld off by 1 ulp", what, (long long)off,
-                  (long long)n);
+    ck_assert_msg(off * 10000 < n, "%s: %lld of %lld off", what, (long long)off, (long long)n);
 }
 
 START_TEST(tanh_within_one_ulp_of_correct_rounding)
@@ -67,7 +73,7 @@ START_TEST(tanh_within_one_ulp_of_correct_rounding)
     float *x = malloc(CAP * sizeof *x), *y = malloc(CAP * sizeof *y);
     int64_t n = sweep(x, CAP);
     cpu_tanh_div_f32(x, y, n, 1.0f);
-    check_against(x, y, n, tanh_ref, "tanh");
+    check_against(x, y, n, tanh_ref, 1, "tanh");
     /* the division is the element type's, before tanh */
     cpu_tanh_div_f32(x, y, 1000, 4.0f);
     for (int64_t i = 0; i < 1000; i++)
@@ -76,13 +82,13 @@ START_TEST(tanh_within_one_ulp_of_correct_rounding)
 }
 END_TEST
 
-START_TEST(sigmoid_within_one_ulp_of_correct_rounding)
+START_TEST(sigmoid_is_the_float_formula_on_a_correctly_rounded_exp)
 {
     enum { CAP = 1 << 23 };
     float *x = malloc(CAP * sizeof *x), *y = malloc(CAP * sizeof *y);
     int64_t n = sweep(x, CAP);
     cpu_sigmoid_f32(x, y, n);
-    check_against(x, y, n, sigmoid_ref, "sigmoid");
+    check_against(x, y, n, sigmoid_ref, 2, "sigmoid");
     free(x), free(y);
 }
 END_TEST
@@ -131,7 +137,7 @@ START_TEST(position_does_not_change_bits)
 }
 END_TEST
 
-/* The float GLU kernels against the double ones. Each float result is a few roundings from
+/* The float GLU and activation kernels against the double ones. Each float result is a few roundings from
  * the double one: 1e-6 relative to the largest magnitude of its tensor. */
 static void close_to(const double *ref, const float *got, int64_t n, const char *what)
 {
@@ -143,7 +149,7 @@ static void close_to(const double *ref, const float *got, int64_t n, const char 
                       (long long)i, got[i], ref[i]);
 }
 
-START_TEST(float_glu_matches_double_and_threads_do_not_change_bits)
+START_TEST(float_glu_and_activations_match_double_and_threads_do_not_change_bits)
 {
     /* above the kernels' one-thread threshold (65536), and a ragged last block of 256 */
     enum { M = 70001 };
@@ -175,6 +181,22 @@ START_TEST(float_glu_matches_double_and_threads_do_not_change_bits)
         ck_assert_int_eq(memcmp(dgf[0], dgf[1], fb), 0);
         ck_assert_int_eq(memcmp(duf[0], duf[1], fb), 0);
     }
+    /* the activations that go through the vectorised sigmoid; backward accumulates into dx */
+    int acts[] = {K3RT_ACT_SIGMOID, K3RT_ACT_SILU};
+    for (int a = 0; a < 2; a++) {
+        memset(dg, 0, db);
+        TU_OK(k3rt_act_fwd(st[0], K3RT_F64, acts[a], g, o, M, &err), err);
+        TU_OK(k3rt_act_bwd(st[0], K3RT_F64, acts[a], g, dy, dg, M, 1, &err), err);
+        for (int t = 0; t < 2; t++) {
+            memset(dgf[t], 0, fb);
+            TU_OK(k3rt_act_fwd(st[t], K3RT_F32, acts[a], gf, of[t], M, &err), err);
+            TU_OK(k3rt_act_bwd(st[t], K3RT_F32, acts[a], gf, dyf, dgf[t], M, 1, &err), err);
+        }
+        close_to(o, of[0], M, "act");
+        close_to(dg, dgf[0], M, "act dx");
+        ck_assert_int_eq(memcmp(of[0], of[1], fb), 0);
+        ck_assert_int_eq(memcmp(dgf[0], dgf[1], fb), 0);
+    }
     for (int t = 0; t < 2; t++) {
         k3rt_stream_destroy(st[t]);
         free(of[t]), free(dgf[t]), free(duf[t]);
@@ -188,10 +210,10 @@ int main(void)
     Suite *s = suite_create("vmath");
     TCase *tc = tcase_create("vmath");
     tcase_add_test(tc, tanh_within_one_ulp_of_correct_rounding);
-    tcase_add_test(tc, sigmoid_within_one_ulp_of_correct_rounding);
+    tcase_add_test(tc, sigmoid_is_the_float_formula_on_a_correctly_rounded_exp);
     tcase_add_test(tc, special_values);
     tcase_add_test(tc, position_does_not_change_bits);
-    tcase_add_test(tc, float_glu_matches_double_and_threads_do_not_change_bits);
+    tcase_add_test(tc, float_glu_and_activations_match_double_and_threads_do_not_change_bits);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
