@@ -1,5 +1,5 @@
-/* Vectorised tanh and sigmoid for the CPU kernels (cpu_vmath.c): the float ones rounded once
- * from double; the double tanh is libm's. */
+/* Vectorised tanh and sigmoid for the CPU kernels (cpu_vmath.c): the float ones evaluated in
+ * float, within 2.44 / 2.41 ulp; the double tanh is libm's. */
 #ifndef K3RT_CPU_VMATH_H
 #define K3RT_CPU_VMATH_H
 
