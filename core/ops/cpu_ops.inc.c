@@ -1,11 +1,27 @@
 /* CPU reference kernels, written once over REAL; included by cpu_ops_f32.c / cpu_ops_f64.c
- * with REAL, SUF(name) and the math functions of that precision (R_EXP, R_TANH, R_LOG1P,
- * R_SQRT) defined, so float runs use float math and vectorise. Shapes in comments are
- * (rows, cols). */
+ * with REAL, SUF(name) and the math functions of that precision (R_EXP, R_TANH, R_TANH_DIV,
+ * R_SIGMOID_N, R_LOG1P, R_SQRT) defined, so float runs use float math and vectorise. Shapes
+ * in comments are (rows, cols). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <k3rt/ops.h>
+
+/* sum_j a[j] b[j] in double, in RMS_LANES interleaved partial sums added in a fixed order: a
+ * single running sum waits on each add (4 cycles), the lanes vectorise. The result depends
+ * on n only, never on threads or the CPU. */
+#define RMS_LANES 4
+static inline double SUF(dot_lanes)(const REAL *a, const REAL *b, int64_t n)
+{
+    double p[RMS_LANES] = {0};
+    int64_t j = 0;
+    for (; j + RMS_LANES <= n; j += RMS_LANES)
+        for (int l = 0; l < RMS_LANES; l++)
+            p[l] += (double)a[j + l] * (double)b[j + l];
+    for (; j < n; j++)
+        p[0] += (double)a[j] * (double)b[j];
+    return (p[0] + p[1]) + (p[2] + p[3]);
+}
 
 /* RMSNorm over rows of x(n,d): y = x * rstd * gain, rstd = 1/sqrt(mean(x^2) + eps). */
 void SUF(cpu_rmsnorm_fwd)(const REAL *x, const REAL *gain, REAL *y, REAL *rstd, int64_t n,
@@ -15,9 +31,7 @@ void SUF(cpu_rmsnorm_fwd)(const REAL *x, const REAL *gain, REAL *y, REAL *rstd, 
     for (int64_t i = 0; i < n; i++) {
         const REAL *xi = x + i * d;
         REAL *yi = y + i * d;
-        double ss = 0.0;
-        for (int64_t j = 0; j < d; j++)
-            ss += (double)xi[j] * (double)xi[j];
+        double ss = SUF(dot_lanes)(xi, xi, d);
         REAL r = (REAL)(1.0 / sqrt(ss / (double)d + eps));
         if (rstd)
             rstd[i] = r;
@@ -35,9 +49,19 @@ void SUF(cpu_rmsnorm_bwd)(const REAL *x, const REAL *gain, const REAL *rstd, con
         for (int64_t i = 0; i < n; i++) {
             const REAL *xi = x + i * d, *dyi = dy + i * d;
             REAL *dxi = dx + i * d;
-            double r = rstd[i], dot = 0.0;
-            for (int64_t j = 0; j < d; j++)
-                dot += (double)(gain ? gain[j] * dyi[j] : dyi[j]) * (double)xi[j];
+            double r = rstd[i], dot;
+            if (gain) {
+                double p[RMS_LANES] = {0};
+                int64_t j = 0;
+                for (; j + RMS_LANES <= d; j += RMS_LANES)
+                    for (int l = 0; l < RMS_LANES; l++)
+                        p[l] += (double)(gain[j + l] * dyi[j + l]) * (double)xi[j + l];
+                for (; j < d; j++)
+                    p[0] += (double)(gain[j] * dyi[j]) * (double)xi[j];
+                dot = (p[0] + p[1]) + (p[2] + p[3]);
+            } else {
+                dot = SUF(dot_lanes)(dyi, xi, d);
+            }
             double c = r * r * r * dot / (double)d;
             for (int64_t j = 0; j < d; j++) {
                 double u = gain ? (double)gain[j] * dyi[j] : (double)dyi[j];
@@ -174,36 +198,111 @@ static inline REAL SUF(act_slope)(int act, REAL x)
     }
 }
 
+static inline void SUF(sigmoid_n)(const REAL *x, REAL *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = SUF(sigmoid)(x[i]);
+}
+
+/* Sigmoid and SiLU in blocks: a block's sigmoids first, as one vectorised pass (R_SIGMOID_N),
+ * then act_value's / act_slope's products. */
+#define ACT_BLOCK 256
+
+static int SUF(act_by_sigmoid)(int act)
+{
+    return act == K3RT_ACT_SIGMOID || act == K3RT_ACT_SILU;
+}
+
 void SUF(cpu_act_fwd)(int act, const REAL *x, REAL *y, int64_t n, int threads)
 {
+    if (!SUF(act_by_sigmoid)(act)) {
 #pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        y[i] = SUF(act_value)(act, x[i]);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = SUF(act_value)(act, x[i]);
+        return;
+    }
+    int64_t blocks = (n + ACT_BLOCK - 1) / ACT_BLOCK;
+    int silu = act == K3RT_ACT_SILU;
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        int64_t i0 = bk * ACT_BLOCK, len = n - i0 < ACT_BLOCK ? n - i0 : ACT_BLOCK;
+        REAL s[ACT_BLOCK];
+        R_SIGMOID_N(x + i0, s, len);
+        const REAL *xb = x + i0;
+        REAL *yb = y + i0;
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++)
+            yb[j] = silu ? xb[j] * s[j] : s[j];
+    }
 }
 
 void SUF(cpu_act_bwd)(int act, const REAL *x, const REAL *dy, REAL *dx, int64_t n, int acc,
                       int threads)
 {
+    if (!SUF(act_by_sigmoid)(act)) {
 #pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        REAL v = dy[i] * SUF(act_slope)(act, x[i]);
-        dx[i] = acc ? dx[i] + v : v;
+        for (int64_t i = 0; i < n; i++) {
+            REAL v = dy[i] * SUF(act_slope)(act, x[i]);
+            dx[i] = acc ? dx[i] + v : v;
+        }
+        return;
+    }
+    int64_t blocks = (n + ACT_BLOCK - 1) / ACT_BLOCK;
+    int silu = act == K3RT_ACT_SILU;
+    const REAL one = 1;
+#pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        int64_t i0 = bk * ACT_BLOCK, len = n - i0 < ACT_BLOCK ? n - i0 : ACT_BLOCK;
+        REAL s[ACT_BLOCK];
+        R_SIGMOID_N(x + i0, s, len);
+        const REAL *xb = x + i0, *dyb = dy + i0;
+        REAL *dxb = dx + i0;
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++) {
+            REAL slope = silu ? s[j] * (one + xb[j] * (one - s[j])) : s[j] * (one - s[j]);
+            REAL v = dyb[j] * slope;
+            dxb[j] = acc ? dxb[j] + v : v;
+        }
     }
 }
 
-/* SwiGLU: a = silu(g), b = u.  SiTU: a = b1 tanh(g/b1) sigmoid(g), b = b2 tanh(u/b2). */
+/* SwiGLU: a = silu(g), b = u.  SiTU: a = b1 tanh(g/b1) sigmoid(g), b = b2 tanh(u/b2).
+ * In blocks: a block's sigmoid and tanh first, each as one vectorised pass (R_SIGMOID_N,
+ * R_TANH_DIV), then the products. */
+#define GLU_BLOCK 256
+
+/* The transcendentals of elements i0 .. i0 + len: sg = sigmoid(g), and for SiTU
+ * t1 = tanh(g / b1), t2 = tanh(u / b2). */
+static void SUF(glu_block)(int glu, const REAL *g, const REAL *u, int64_t i0, int64_t len,
+                           double b1, double b2, REAL *sg, REAL *t1, REAL *t2)
+{
+    R_SIGMOID_N(g + i0, sg, len);
+    if (glu == K3RT_GLU_SITU) {
+        R_TANH_DIV(g + i0, t1, len, (REAL)b1);
+        R_TANH_DIV(u + i0, t2, len, (REAL)b2);
+    }
+}
+
 void SUF(cpu_glu_fwd)(int glu, const REAL *g, const REAL *u, REAL *out, int64_t n, double b1,
                       double b2, int threads)
 {
+    int64_t blocks = (n + GLU_BLOCK - 1) / GLU_BLOCK;
+    const REAL B1 = (REAL)b1, B2 = (REAL)b2;
 #pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        REAL sg = SUF(sigmoid)(g[i]);
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        int64_t i0 = bk * GLU_BLOCK, len = n - i0 < GLU_BLOCK ? n - i0 : GLU_BLOCK;
+        REAL sg[GLU_BLOCK], t1[GLU_BLOCK], t2[GLU_BLOCK];
+        SUF(glu_block)(glu, g, u, i0, len, b1, b2, sg, t1, t2);
+        REAL *o = out + i0;
         if (glu == K3RT_GLU_SITU) {
-            REAL a = (REAL)b1 * R_TANH(g[i] / (REAL)b1) * sg;
-            REAL b = (REAL)b2 * R_TANH(u[i] / (REAL)b2);
-            out[i] = a * b;
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++)
+                o[j] = (B1 * t1[j] * sg[j]) * (B2 * t2[j]);
         } else {
-            out[i] = g[i] * sg * u[i];
+            const REAL *gb = g + i0, *ub = u + i0;
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++)
+                o[j] = gb[j] * sg[j] * ub[j];
         }
     }
 }
@@ -211,20 +310,31 @@ void SUF(cpu_glu_fwd)(int glu, const REAL *g, const REAL *u, REAL *out, int64_t 
 void SUF(cpu_glu_bwd)(int glu, const REAL *g, const REAL *u, const REAL *dout, REAL *dg,
                       REAL *du, int64_t n, double b1, double b2, int threads)
 {
+    int64_t blocks = (n + GLU_BLOCK - 1) / GLU_BLOCK;
+    const REAL B1 = (REAL)b1, B2 = (REAL)b2, one = 1;
 #pragma omp parallel for num_threads(threads) if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        REAL sg = SUF(sigmoid)(g[i]);
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        int64_t i0 = bk * GLU_BLOCK, len = n - i0 < GLU_BLOCK ? n - i0 : GLU_BLOCK;
+        REAL sg[GLU_BLOCK], t1[GLU_BLOCK], t2[GLU_BLOCK];
+        SUF(glu_block)(glu, g, u, i0, len, b1, b2, sg, t1, t2);
+        const REAL *gb = g + i0, *ub = u + i0, *dy = dout + i0;
+        REAL *dgb = dg + i0, *dub = du + i0;
         if (glu == K3RT_GLU_SITU) {
-            REAL t1 = R_TANH(g[i] / (REAL)b1), t2 = R_TANH(u[i] / (REAL)b2);
-            REAL a = (REAL)b1 * t1 * sg, b = (REAL)b2 * t2;
-            REAL da = ((REAL)1 - t1 * t1) * sg + (REAL)b1 * t1 * sg * ((REAL)1 - sg);
-            REAL db = (REAL)1 - t2 * t2;
-            dg[i] = dout[i] * b * da;
-            du[i] = dout[i] * a * db;
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) {
+                REAL s = sg[j], a = B1 * t1[j] * s, b = B2 * t2[j];
+                REAL da = (one - t1[j] * t1[j]) * s + B1 * t1[j] * s * (one - s);
+                REAL db = one - t2[j] * t2[j];
+                dgb[j] = dy[j] * b * da;
+                dub[j] = dy[j] * a * db;
+            }
         } else {
-            REAL silu = g[i] * sg;
-            dg[i] = dout[i] * u[i] * sg * ((REAL)1 + g[i] * ((REAL)1 - sg));
-            du[i] = dout[i] * silu;
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) {
+                REAL s = sg[j];
+                dgb[j] = dy[j] * ub[j] * s * (one + gb[j] * (one - s));
+                dub[j] = dy[j] * (gb[j] * s);
+            }
         }
     }
 }

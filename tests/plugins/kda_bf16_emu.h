@@ -638,7 +638,7 @@ static inline void emu_layer(const lcase *c, const linputs *in, unsigned rnd, lo
         if (a < 2) { /* SiLU then the L2 norm (ex: as the backward recomputes it, unrounded) */
             rr[a] = kt_alloc(N * H);
             l2_job_f64 j = {H, D, cv[a], NULL, NULL, ex[a], rr[a], NULL};
-            par_f64(C, N, l2_fwd_rows_f64, &j);
+            TU_OK(l2_fwd_f64(C, &j, N, &err), err);
         } else {
             TU_OK(k3rt_act_fwd(C, K3RT_F64, K3RT_ACT_SILU, cv[a], ex[a], N * Dv, &err), err);
         }
@@ -735,7 +735,7 @@ static inline void emu_layer(const lcase *c, const linputs *in, unsigned rnd, lo
         memcpy(dz, dact[a], (size_t)(N * wid[a]) * sizeof *dz);
         if (a < 2) {
             l2_job_f64 j = {H, D, cv[a], ex[a], rr[a], NULL, NULL, dz};
-            par_f64(C, N, l2_bwd_rows_f64, &j);
+            TU_OK(l2_bwd_f64(C, &j, N, &err), err);
         } else {
             TU_OK(k3rt_act_bwd(C, K3RT_F64, K3RT_ACT_SILU, cv[a], dact[a], dz, N * Dv, 0, &err),
                   err);

@@ -16,7 +16,7 @@ static int SUF(dec_conv)(const kda *m, k3rt_stream *s, int64_t B, int64_t heads,
     SUF(conv_fwd)(s, &io, C, W, p, W > 1 ? h : NULL, w, z);
     if (l2) {
         SUF(l2_job) j = {heads, hd, z, NULL, NULL, out, r, NULL};
-        SUF(par)(s, B, SUF(l2_fwd_rows), &j);
+        K3RT_TRY(SUF(l2_fwd)(s, &j, B, err));
     } else {
         K3RT_TRY(k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SILU, z, out, B * C, err));
     }
@@ -72,10 +72,9 @@ static int SUF(dec_recur)(const kda *m, k3rt_stream *s, int64_t B, void *S, cons
 static int SUF(dec_ogate)(const kda *m, k3rt_stream *s, int64_t n, const void *on,
                           const void *G, void *yg, k3rt_error *err)
 {
-    (void)m, (void)s, (void)err;
+    (void)m;
     SUF(ogate_job) j = {n, on, G, NULL, yg, NULL, NULL};
-    SUF(ogate_fwd_rows)(&j, 0, 1);
-    return K3RT_OK;
+    return SUF(ogate_fwd)(s, &j, 1, err);
 }
 
 const kda_dec_kernels SUF(kda_dec_cpu) = {SUF(dec_conv), SUF(dec_gate), SUF(dec_recur),

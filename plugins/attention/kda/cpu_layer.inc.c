@@ -71,8 +71,8 @@ static int SUF(layer_prep)(const kda *m, k3rt_stream *s, const kda_io *io, const
     SUF(conv_fwd)(s, io, Dv, m->W, KDA_SV(l, l->vp), hv, P[KDA_VCONV], KDA_SV(l, l->vc));
     SUF(l2_job) lq = {H, m->dim_k, KDA_SV(l, l->qc), NULL, NULL, KDA_SV(l, l->qn), KDA_SV(l, l->rq), NULL};
     SUF(l2_job) lk = {H, m->dim_k, KDA_SV(l, l->kc), NULL, NULL, KDA_SV(l, l->kn), KDA_SV(l, l->rk), NULL};
-    SUF(par)(s, N, SUF(l2_fwd_rows), &lq);
-    SUF(par)(s, N, SUF(l2_fwd_rows), &lk);
+    K3RT_TRY(SUF(l2_fwd)(s, &lq, N, err));
+    K3RT_TRY(SUF(l2_fwd)(s, &lk, N, err));
     K3RT_TRY(k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SILU, KDA_SV(l, l->vc), KDA_SV(l, l->v), N * Dv, err));
     if (m->rf) {
         K3RT_TRY(SUF(lin)(s, x, P[KDA_FA], KDA_SV(l, l->fa), N, d, m->rf, err));
@@ -150,7 +150,7 @@ int SUF(kda_layer_fwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
         K3RT_TRY(SUF(lin)(s, x, P[KDA_G], KDA_SV(&l, l.G), N, d, Dv, err));
     }
     SUF(ogate_job) og = {Dv, ws + l.on, KDA_SV(&l, l.G), NULL, KDA_SV(&l, l.yg), NULL, NULL};
-    SUF(par)(s, N, SUF(ogate_fwd_rows), &og);
+    K3RT_TRY(SUF(ogate_fwd)(s, &og, N, err));
     return SUF(lin)(s, KDA_SV(&l, l.yg), P[KDA_O], io->y, N, Dv, d, err);
 }
 
@@ -192,7 +192,7 @@ int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
     K3RT_TRY(k3rt_rmsnorm_fwd(s, KDA_DTYPE, KDA_SV(&l, l.o), P[KDA_NORM], ws + l.on, NULL, N * HV,
                               m->dim_v, m->norm_eps, err));
     SUF(ogate_job) og = {Dv, ws + l.on, KDA_SV(&l, l.G), d1, NULL, d2, d3};
-    SUF(par)(s, N, SUF(ogate_bwd_rows), &og);
+    K3RT_TRY(SUF(ogate_bwd)(s, &og, N, err));
     if (m->rg) {
         K3RT_TRY(SUF(lin_bwd)(s, KDA_SV(&l, l.ga), P[KDA_GB], d3, dlow, Gr[KDA_GB], N, m->rg, Dv, 0,
                               err));
@@ -243,8 +243,8 @@ int SUF(kda_layer_bwd)(const kda *m, k3rt_stream *s, const kda_io *io, k3rt_erro
     /* q, k: L2 norm and SiLU (in place), v: SiLU; then conv and projections */
     SUF(l2_job) lq = {H, m->dim_k, KDA_SV(&l, l.qc), KDA_SV(&l, l.qn), KDA_SV(&l, l.rq), NULL, NULL, dq};
     SUF(l2_job) lk = {H, m->dim_k, KDA_SV(&l, l.kc), KDA_SV(&l, l.kn), KDA_SV(&l, l.rk), NULL, NULL, dk};
-    SUF(par)(s, N, SUF(l2_bwd_rows), &lq);
-    SUF(par)(s, N, SUF(l2_bwd_rows), &lk);
+    K3RT_TRY(SUF(l2_bwd)(s, &lq, N, err));
+    K3RT_TRY(SUF(l2_bwd)(s, &lk, N, err));
     K3RT_TRY(k3rt_act_bwd(s, KDA_DTYPE, K3RT_ACT_SILU, KDA_SV(&l, l.vc), dv, d2, N * Dv, 0, err));
     const REAL *hq, *hk, *hv;
     K3RT_TRY(SUF(halo_proj)(m, s, io, &l, ws, &hq, &hk, &hv, err));

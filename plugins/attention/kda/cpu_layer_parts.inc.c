@@ -114,18 +114,16 @@ typedef struct SUF(l2_job) {
 
 #define KDA_L2_EPS 1e-6
 
+/* yo holds silu(z) already; each head of each row scaled to unit norm */
 static void SUF(l2_fwd_rows)(void *ctx, int64_t begin, int64_t end)
 {
     const SUF(l2_job) *j = ctx;
     int64_t D = j->heads * j->dh;
     for (int64_t row = begin; row < end; row++)
         for (int64_t h = 0; h < j->heads; h++) {
-            const REAL *z = j->z + row * D + h * j->dh;
             REAL *y = j->yo + row * D + h * j->dh, ss = 0;
-            for (int64_t c = 0; c < j->dh; c++) {
-                y[c] = z[c] * SUF(sigmoid)(z[c]);
+            for (int64_t c = 0; c < j->dh; c++)
                 ss += y[c] * y[c];
-            }
             REAL r = (REAL)1 / SQRT(ss + (REAL)KDA_L2_EPS);
             for (int64_t c = 0; c < j->dh; c++)
                 y[c] *= r;
@@ -133,7 +131,17 @@ static void SUF(l2_fwd_rows)(void *ctx, int64_t begin, int64_t end)
         }
 }
 
-/* dx = r (dy - (dy . y) y);  dz = dx sigmoid(z) (1 + z (1 - sigmoid(z))) */
+/* The SiLU through the runtime's activation over the whole tensor (vectorised for float), then
+ * the norms row by row. */
+static int SUF(l2_fwd)(k3rt_stream *s, const SUF(l2_job) *j, int64_t rows, k3rt_error *err)
+{
+    K3RT_TRY(k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SILU, j->z, j->yo, rows * j->heads * j->dh,
+                          err));
+    SUF(par)(s, rows, SUF(l2_fwd_rows), (void *)j);
+    return K3RT_OK;
+}
+
+/* dx = r (dy - (dy . y) y), in place */
 static void SUF(l2_bwd_rows)(void *ctx, int64_t begin, int64_t end)
 {
     const SUF(l2_job) *j = ctx;
@@ -141,14 +149,21 @@ static void SUF(l2_bwd_rows)(void *ctx, int64_t begin, int64_t end)
     for (int64_t row = begin; row < end; row++)
         for (int64_t h = 0; h < j->heads; h++) {
             int64_t o = row * D + h * j->dh;
-            const REAL *z = j->z + o, *y = j->y + o;
+            const REAL *y = j->y + o;
             REAL *d = j->dyz + o, r = j->r[row * j->heads + h];
             REAL dot = SUF(dot)(d, y, j->dh);
-            for (int64_t c = 0; c < j->dh; c++) {
-                REAL sg = SUF(sigmoid)(z[c]);
-                d[c] = r * (d[c] - dot * y[c]) * sg * (1 + z[c] * (1 - sg));
-            }
+            for (int64_t c = 0; c < j->dh; c++)
+                d[c] = r * (d[c] - dot * y[c]);
         }
+}
+
+/* dx row by row, then dz = dx silu'(z) = dx sigmoid(z) (1 + z (1 - sigmoid(z))) through the
+ * runtime's activation, in place */
+static int SUF(l2_bwd)(k3rt_stream *s, const SUF(l2_job) *j, int64_t rows, k3rt_error *err)
+{
+    SUF(par)(s, rows, SUF(l2_bwd_rows), (void *)j);
+    return k3rt_act_bwd(s, KDA_DTYPE, K3RT_ACT_SILU, j->z, j->dyz, j->dyz,
+                        rows * j->heads * j->dh, 0, err);
 }
 
 /* ---- forget gate (spec §3.2) -------------------------------------------------------------- */
@@ -219,19 +234,37 @@ typedef struct SUF(ogate_job) {
     REAL *yg, *don, *dG;
 } SUF(ogate_job);
 
+/* yg holds sigmoid(G) already */
 static void SUF(ogate_fwd_rows)(void *ctx, int64_t begin, int64_t end)
 {
     const SUF(ogate_job) *j = ctx;
     for (int64_t i = begin * j->D; i < end * j->D; i++)
-        j->yg[i] = j->on[i] * SUF(sigmoid)(j->G[i]);
+        j->yg[i] *= j->on[i];
 }
 
+/* don holds sigmoid(G) already */
 static void SUF(ogate_bwd_rows)(void *ctx, int64_t begin, int64_t end)
 {
     const SUF(ogate_job) *j = ctx;
     for (int64_t i = begin * j->D; i < end * j->D; i++) {
-        REAL sg = SUF(sigmoid)(j->G[i]);
+        REAL sg = j->don[i];
         j->dG[i] = j->dyg[i] * j->on[i] * sg * (1 - sg);
         j->don[i] = j->dyg[i] * sg;
     }
+}
+
+/* The sigmoids through the runtime's activation over the whole tensor (vectorised for float),
+ * into the output, then the products row by row. */
+static int SUF(ogate_fwd)(k3rt_stream *s, const SUF(ogate_job) *j, int64_t rows, k3rt_error *err)
+{
+    K3RT_TRY(k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SIGMOID, j->G, j->yg, rows * j->D, err));
+    SUF(par)(s, rows, SUF(ogate_fwd_rows), (void *)j);
+    return K3RT_OK;
+}
+
+static int SUF(ogate_bwd)(k3rt_stream *s, const SUF(ogate_job) *j, int64_t rows, k3rt_error *err)
+{
+    K3RT_TRY(k3rt_act_fwd(s, KDA_DTYPE, K3RT_ACT_SIGMOID, j->G, j->don, rows * j->D, err));
+    SUF(par)(s, rows, SUF(ogate_bwd_rows), (void *)j);
+    return K3RT_OK;
 }
