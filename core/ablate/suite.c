@@ -141,22 +141,23 @@ static int seeds_of(const json_t *root, long long *out, int *n, k3rt_error *err)
     return K3RT_OK;
 }
 
-/* Appends fmt formatted with str when it is given, else with v. */
-static int push_set(char ***list, int *n, const char *fmt, long long v, const char *str,
-                    k3rt_error *err)
+/* Appends a copy of text. */
+static int push_set(char ***list, int *n, const char *text, k3rt_error *err)
 {
-    char buf[1024];
-    if (str)
-        snprintf(buf, sizeof buf, fmt, str);
-    else
-        snprintf(buf, sizeof buf, fmt, v);
     char **grown = realloc(*list, (size_t)(*n + 2) * sizeof **list);
     if (!grown)
         return k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     *list = grown;
-    grown[*n] = strdup(buf);
+    grown[*n] = strdup(text);
     grown[*n + 1] = NULL;
     return grown[(*n)++] ? K3RT_OK : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
+}
+
+static int push_seed(char ***list, int *n, long long seed, k3rt_error *err)
+{
+    char buf[48];
+    snprintf(buf, sizeof buf, "train.seed=%lld", seed);
+    return push_set(list, n, buf, err);
 }
 
 /* Variant `of` again under each further seed, after it: "<name>-seed<N>". */
@@ -177,8 +178,8 @@ static int add_replicas(ablate_suite *s, int of, const long long *seeds, int n,
         r->replica = 1;
         r->of = of;
         for (int i = 0; i < v->n_sets; i++)
-            K3RT_TRY(push_set(&r->sets, &r->n_sets, "%s", 0, v->sets[i], err));
-        K3RT_TRY(push_set(&r->sets, &r->n_sets, "train.seed=%lld", seeds[k], NULL, err));
+            K3RT_TRY(push_set(&r->sets, &r->n_sets, v->sets[i], err));
+        K3RT_TRY(push_seed(&r->sets, &r->n_sets, seeds[k], err));
     }
     return K3RT_OK;
 }
@@ -245,7 +246,7 @@ static int build(ablate_suite *s, const json_t *root, const char *replicate, k3r
                          "letters, digits, '-', '_' and '.'", b->name);
     /* The first seed for every run (after the suite's own overrides) */
     if (n_seeds) {
-        K3RT_TRY(push_set(&s->sets, &s->n_sets, "train.seed=%lld", seeds[0], NULL, err));
+        K3RT_TRY(push_seed(&s->sets, &s->n_sets, seeds[0], err));
         K3RT_TRY(add_replicas(s, 0, seeds, n_seeds, err));
     }
     size_t i;

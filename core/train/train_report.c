@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan/plan.h"
 #include "train/train_internal.h"
 #include "util/log.h"
 
@@ -124,16 +125,6 @@ static void format_eta(double s, char *buf, size_t len)
         snprintf(buf, len, "%dm%02ds", (int)(s / 60), (int)s % 60);
 }
 
-/* Bytes as the progress line shows them: "84.4 GB", "312 MB" (decimal units, as nvidia-smi's
- * neighbours and the planner print them). */
-static void format_bytes(double b, char *buf, size_t len)
-{
-    if (b >= 1e9)
-        snprintf(buf, len, "%.1f GB", b / 1e9);
-    else
-        snprintf(buf, len, "%.0f MB", b / 1e6);
-}
-
 int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
 {
     run *r = c->r;
@@ -157,7 +148,7 @@ int report_metrics(rank_ctx *c, json_t *rec, k3rt_error *err)
         /* The interval's peak on rank 0's device, then a new window for the next interval. */
         double peak = (double)k3rt_device_memory_peak(r->device, 1);
         char mem[48];
-        format_bytes(peak, mem, sizeof mem);
+        plan_bytes(peak, mem, sizeof mem);
         json_object_set_new(rec, "peak_mem_bytes", json_real(peak));
         char mfu[64] = "";
         if (r->peak_flops > 0 && dt > 0) {
