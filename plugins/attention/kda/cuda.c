@@ -50,8 +50,8 @@ typedef struct cu_layout {
     int index[P_N];    /* position among the declared parts, or -1 */
     int n_parts;
     /* workspace, byte offsets */
-    int64_t hq, hk, hv, dstart, dend, core, on, yg;
-    int64_t dyg, don, dG, dlow, dO, dq, dk, dv, dg, dbeta, dbl, dzf, dz, dp, dhalo, part;
+    int64_t hq, hk, hv, dstart, core, on, yg;
+    int64_t dyg, don, dG, dlow, dO, dq, dk, dv, dg, dbeta, dbl, dzf, dp, dhalo, part;
     int64_t workspace;
 } cu_layout;
 
@@ -109,7 +109,6 @@ static int layout_make(const kda *m, int64_t B, int64_t T, cu_layout *L, k3rt_er
     L->hk = take(&at, nh * Dk * es);
     L->hv = take(&at, nh * Dv * es);
     L->dstart = take(&at, N * 4);
-    L->dend = take(&at, N * 4);
     L->core = take(&at, (int64_t)(w1 > w2 ? w1 : w2));
     L->on = take(&at, N * Dv * es);
     L->yg = take(&at, N * Dv * es);
@@ -125,7 +124,6 @@ static int layout_make(const kda *m, int64_t B, int64_t T, cu_layout *L, k3rt_er
     L->dbeta = take(&at, N * HV * es);
     L->dbl = take(&at, N * HV * es);
     L->dzf = take(&at, N * Dg * es);
-    L->dz = take(&at, N * Dm * 4);
     L->dp = take(&at, N * Dm * es);
     L->dhalo = take(&at, nh * Dm * es);
     L->part = take(&at, max2(nb * Dm * m->W, 2 * nb * Dg) * 4);
@@ -177,7 +175,7 @@ typedef struct cu_call {
     const void *P[KDA_N_SLOTS];
     const void *x, *xh;       /* x and x_prefix (or NULL) */
     const int32_t *docs;
-    const int32_t *ds, *de;   /* per-token document bounds (docs) or NULL */
+    const int32_t *ds;        /* per-token document starts (docs) or NULL */
     const void *hq, *hk, *hv; /* halo projections (xh) or NULL */
 } cu_call;
 
@@ -200,9 +198,9 @@ static int call_open(cu_call *c, const kda *m, k3rt_stream *s, int64_t B, int64_
     K3RT_TRY(kda_cu_enter(m->device, err));
     if (docs->ndim) {
         c->docs = docs->data, c->n_docs = docs->shape[0] - 1;
-        int32_t *ds = (int32_t *)(c->ws + c->L.dstart), *de = (int32_t *)(c->ws + c->L.dend);
-        K3RT_TRY(kda_cu_doc_bounds(c->st, c->N, c->docs, c->n_docs, ds, de, err));
-        c->ds = ds, c->de = de;
+        int32_t *ds = (int32_t *)(c->ws + c->L.dstart);
+        K3RT_TRY(kda_cu_doc_bounds(c->st, c->N, c->docs, c->n_docs, ds, err));
+        c->ds = ds;
     }
     if (c->xh) {
         const int64_t Dk = m->H * m->dim_k, Dv = m->HV * m->dim_v;
@@ -302,22 +300,18 @@ int kda_gpu_summary(const kda *m, const k3rt_fwd_args *a, float *sm, float *sb,
 }
 
 /* One of q, k, v from the gradient of its activation's output (dout): activation and conv
- * backward, then its projection's: dx (accumulated), d_x_prefix (first: overwritten) and the
- * weight gradients, the halo rows' included. */
+ * backward (one pass), then its projection's: dx (accumulated), d_x_prefix (first:
+ * overwritten) and the weight gradients, the halo rows' included. */
 static int qkv_bwd(const cu_call *c, const k3rt_bwd_args *a, int wslot, int cslot, int part,
                    const void *halo, int64_t heads, int64_t hd, int l2, const void *dout,
                    int first, void *const *G, k3rt_error *err)
 {
     const kda *m = c->m;
     const int64_t Dw = heads * hd;
-    float *dz = W_(c, c->L.dz), *pt = W_(c, c->L.part);
+    float *pt = W_(c, c->L.part);
     void *dp = W_(c, c->L.dp), *dh = halo ? W_(c, c->L.dhalo) : NULL;
-    K3RT_TRY(kda_cu_conv_act_bwd(c->st, c->dt, c->B, c->T, heads, hd, m->W, c->sv[part], halo,
-                                 c->P[cslot], c->ds, l2, dout, dz, err));
-    K3RT_TRY(kda_cu_conv_bwd_data(c->st, c->dt, c->B, c->T, Dw, m->W, c->P[cslot], dz, c->de,
-                                  dp, dh, err));
-    K3RT_TRY(kda_cu_conv_bwd_w(c->st, c->dt, c->B, c->T, Dw, m->W, c->sv[part], halo, dz, c->ds,
-                               pt, G[cslot], err));
+    K3RT_TRY(kda_cu_conv_bwd(c->st, c->dt, c->B, c->T, heads, hd, m->W, c->sv[part], halo,
+                             c->P[cslot], c->ds, l2, dout, dp, dh, pt, G[cslot], err));
     K3RT_TRY(k3rt_linear_bwd(c->s, c->dt, c->x, c->P[wslot], dp, a->dx.data, G[wslot], NULL,
                              c->N, m->d, Dw, 1, err));
     if (halo)

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kda.h"
+#include "cuda/kda_layer_cuda.h"
 
 static const k3rt_option kda_options[] = {
     {"heads", K3RT_OPT_INT, 0, "4", 1, 4096, NULL, "query/key heads H"},
@@ -246,6 +247,10 @@ static int kda_create(const k3rt_create_args *a, void **self, k3rt_error *err)
                              "kda: head_dk = %lld and head_dv = %lld: on CUDA the key and "
                              "value head widths must be equal (32, 64 or 128)",
                              (long long)k.dim_k, (long long)k.dim_v);
+        if (k.W > KDA_CU_MAX_CONV)
+            return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
+                             "kda: conv_width = %lld has no CUDA path: on CUDA conv_width must "
+                             "be 1 to %d", (long long)k.W, KDA_CU_MAX_CONV);
         if (k.dim_k != 32 && k.dim_k != 64 && k.dim_k != 128)
             return k3rt_fail(err, K3RT_ERR_UNSUPPORTED,
                              "kda: head_dim = %lld has no CUDA path: on CUDA head_dim (dk = dv) "

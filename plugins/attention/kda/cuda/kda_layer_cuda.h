@@ -11,8 +11,8 @@
  * fp32. Every sum is taken in a fixed order (no atomics): the same bits on every run.
  *
  * Token layout: N = B*T tokens, row b holds tokens [b*T, (b+1)*T); a [N, C] tensor is row-major.
- * Documents (packed sequences): dstart[n] / dend[n] (int32, kda_cu_doc_bounds) are the first
- * token and one past the last of token n's document; NULL means the row is one document. The
+ * Documents (packed sequences): dstart[n] (int32, kda_cu_doc_bounds) is the first token of
+ * token n's document; NULL means the row is one document. The
  * conv of a token reads only its own document; a row's first document also reads the W-1 halo
  * rows of its row (halo [B, W-1, C], NULL: zeros) — the layer inputs before the span under
  * context parallelism. The decode step's own two kernels (decode.cu) are declared last. */
@@ -29,13 +29,15 @@ extern "C" {
 
 /* Tokens per block of the partial sums behind every parameter gradient of this file. */
 #define KDA_CU_SUM_ROWS 128
+/* The widest short conv the kernels take (a thread keeps W rows of its channels in registers). */
+#define KDA_CU_MAX_CONV 4
 
 /* Makes `device` current on the calling thread (kernels launch on the current device). */
 int kda_cu_enter(int device, k3rt_error *err);
 
-/* dstart[n], dend[n] for the N tokens from doc_offsets (int32 [n_docs + 1], rising from 0 to N). */
+/* dstart[n] for the N tokens from doc_offsets (int32 [n_docs + 1], rising from 0 to N). */
 int kda_cu_doc_bounds(void *stream, int64_t N, const int32_t *docs, int64_t n_docs,
-                      int32_t *dstart, int32_t *dend, k3rt_error *err);
+                      int32_t *dstart, k3rt_error *err);
 
 /* out = act(z), z[n, c] = sum_j w[c, j] u[n - W + 1 + j, c] (the document's tokens only), C =
  * heads * hd channels, hd in {32, 64, 128}; act = SiLU and, with l2, then the L2 norm of each
@@ -43,22 +45,15 @@ int kda_cu_doc_bounds(void *stream, int64_t N, const int32_t *docs, int64_t n_do
 int kda_cu_conv_fwd(void *stream, int dtype, int64_t B, int64_t T, int64_t heads, int64_t hd,
                     int64_t W, const void *u, const void *halo, const void *w,
                     const int32_t *dstart, int l2, void *out, k3rt_error *err);
-/* dz = d(loss)/dz (f32 [N, C]) from dout = d(loss)/d(out), recomputing z and the activation. */
-int kda_cu_conv_act_bwd(void *stream, int dtype, int64_t B, int64_t T, int64_t heads, int64_t hd,
-                        int64_t W, const void *u, const void *halo, const void *w,
-                        const int32_t *dstart, int l2, const void *dout, float *dz,
-                        k3rt_error *err);
-/* du[n, c] = sum_j w[c, j] dz[n + W - 1 - j, c] over the tokens of n's document (overwritten);
- * with dhalo, the same for the halo rows of each row, from the row's first document
- * (overwritten). */
-int kda_cu_conv_bwd_data(void *stream, int dtype, int64_t B, int64_t T, int64_t C, int64_t W,
-                         const void *w, const float *dz, const int32_t *dend, void *du,
-                         void *dhalo, k3rt_error *err);
-/* dw[c, j] += sum_n dz[n, c] u[n - W + 1 + j, c] (halo rows included), through part
- * (f32 [ceil(N / KDA_CU_SUM_ROWS), C, W] scratch). */
-int kda_cu_conv_bwd_w(void *stream, int dtype, int64_t B, int64_t T, int64_t C, int64_t W,
-                      const void *u, const void *halo, const float *dz, const int32_t *dstart,
-                      float *part, float *dw, k3rt_error *err);
+/* The backward of kda_cu_conv_fwd in one pass (z and the activation recomputed, dz kept in
+ * registers): du[n, c] = sum_j w[c, j] dz[n + W - 1 - j, c] over the tokens of n's document
+ * (overwritten); with halo and dhalo, the same for the halo rows of each row, from the row's
+ * first document (overwritten); dw[c, j] += sum_n dz[n, c] u[n - W + 1 + j, c] (halo rows
+ * included), through part (f32 [ceil(N / KDA_CU_SUM_ROWS), C, W] scratch). */
+int kda_cu_conv_bwd(void *stream, int dtype, int64_t B, int64_t T, int64_t heads, int64_t hd,
+                    int64_t W, const void *u, const void *halo, const void *w,
+                    const int32_t *dstart, int l2, const void *dout, void *du, void *dhalo,
+                    float *part, float *dw, k3rt_error *err);
 
 /* Forget gate on [N, HV*dk]: g = lb sigmoid(e^A_log[h] (zf + dt_bias[c])), h = c / dk. */
 int kda_cu_gate_fwd(void *stream, int dtype, int64_t N, int64_t HV, int64_t dk, double lb,

@@ -37,14 +37,6 @@ __device__ __forceinline__ float sigm(float x)
     return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
 }
 
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 int check(int dtype, const char *what, k3rt_error *err)
 {
     if (dtype != K3RT_F32 && dtype != K3RT_BF16)
@@ -55,8 +47,7 @@ int check(int dtype, const char *what, k3rt_error *err)
 
 // ---- documents ------------------------------------------------------------------------------
 
-__global__ void doc_bounds_kernel(int64_t N, const int32_t *docs, int64_t n_docs, int32_t *ds,
-                                  int32_t *de)
+__global__ void doc_bounds_kernel(int64_t N, const int32_t *docs, int64_t n_docs, int32_t *ds)
 {
     int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N)
@@ -70,156 +61,329 @@ __global__ void doc_bounds_kernel(int64_t N, const int32_t *docs, int64_t n_docs
             hi = mid - 1;
     }
     ds[n] = docs[lo];
-    de[n] = docs[lo + 1];
 }
 
 // ---- conv + activation ------------------------------------------------------------------------
+//
+// A thread owns 8 channels (one 16-byte bf16 vector) of kTile consecutive tokens; a warp is 32
+// such channel groups of one token tile, so a head's hd channels are hd / 8 neighbouring lanes
+// (the L2 norm's sum is a shuffle over that segment) and a block of 8 warps covers R tokens of
+// 256 channels: the R-token partial sums of the filter gradient are one reduction over the
+// block's warps, in warp order. The input rows a token's conv reads again (W - 1 of them) come
+// from L1. The backward is one pass: it recomputes z and the activation, forms dz in registers
+// and keeps the last W of them, so each input row's du (which needs dz of the W tokens it
+// feeds) and the filter gradient come out of the same pass; dz never goes to memory.
+
+constexpr int kVec = 8;              // channels per thread
+constexpr int kTile = 16;            // tokens per thread
+constexpr int kWarps = R / kTile;    // token tiles per block
+static_assert(R % kTile == 0 && kWarps * 32 == kThreads, "block = 8 warps of R / 8 tokens");
 
 struct ConvArgs {
-    int64_t B, T, C, W, heads, N;
+    int64_t B, T, C, W, N;
     const void *u, *halo, *w;
     const int32_t *dstart;
+    int vec;  // every row 16-byte aligned: vector loads and stores
 };
 
-// Input row tau (a global token index, or below the row start for halo rows) of channel c, as
-// token n sees it; s = start of n's document, rs = its row's start, b its row.
-template <typename E>
-__device__ __forceinline__ float conv_in(const ConvArgs &a, int64_t b, int64_t rs, int64_t s,
-                                         int64_t tau, int64_t c)
+__device__ __forceinline__ void load8(const bf16 *p, int vec, float v[kVec])
 {
-    if (tau >= s)
-        return to_f(((const E *)a.u)[tau * a.C + c]);
-    if (a.halo && s == rs)  // tau - rs in [-(W-1), -1]
-        return to_f(((const E *)a.halo)[(b * (a.W - 1) + a.W - 1 + (tau - rs)) * a.C + c]);
-    return 0.0f;
+    if (vec) {
+        const uint4 r = *(const uint4 *)p;
+        const __nv_bfloat162 *h = (const __nv_bfloat162 *)&r;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 f = __bfloat1622float2(h[i]);
+            v[2 * i] = f.x, v[2 * i + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < kVec; i++)
+            v[i] = to_f(p[i]);
+    }
 }
 
-// z of the NPL channels of this lane: c = h * hd + lane + 32 i.
-template <typename E, int NPL>
-__device__ __forceinline__ void conv_z(const ConvArgs &a, int64_t n, int64_t h, int lane,
-                                       float z[NPL])
+__device__ __forceinline__ void load8(const float *p, int vec, float v[kVec])
 {
-    const int64_t b = n / a.T, rs = b * a.T, s = a.dstart ? a.dstart[n] : rs;
+    if (vec) {
+        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < kVec; i++)
+            v[i] = p[i];
+    }
+}
+
+__device__ __forceinline__ void store8(bf16 *p, int vec, const float v[kVec])
+{
+    if (vec) {
+        __nv_bfloat162 h[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        *(uint4 *)p = *(const uint4 *)h;
+    } else {
+#pragma unroll
+        for (int i = 0; i < kVec; i++)
+            p[i] = from_f<bf16>(v[i]);
+    }
+}
+
+__device__ __forceinline__ void store8(float *p, int vec, const float v[kVec])
+{
+    if (vec) {
+        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < kVec; i++)
+            p[i] = v[i];
+    }
+}
+
+// Sum over the hd / 8 lanes of this lane's head (seg a power of two, segments aligned).
+__device__ __forceinline__ float head_sum(float v, int seg)
+{
+    for (int o = seg >> 1; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Where a thread works: channels c0 .. c0 + 7 (clamped in range when the lane has none, so
+// its loads stay valid and its shuffles take part) of tokens t0 .. t0 + kTile - 1.
+struct ConvThread {
+    int64_t c0, t0;
+    bool active;
+};
+
+__device__ __forceinline__ ConvThread conv_thread(const ConvArgs &a)
+{
+    ConvThread p;
+    const int64_t g = (int64_t)blockIdx.y * 32 + (threadIdx.x & 31);
+    p.active = g * kVec < a.C;
+    p.c0 = p.active ? g * kVec : 0;
+    p.t0 = (int64_t)blockIdx.x * R + (threadIdx.x >> 5) * kTile;
+    return p;
+}
+
+template <typename E, int W>
+__device__ __forceinline__ void load_filter(const ConvArgs &a, int64_t c0, float wr[W][kVec])
+{
     const E *w = (const E *)a.w;
 #pragma unroll
-    for (int i = 0; i < NPL; i++) {
-        const int64_t c = h * (32 * NPL) + lane + 32 * i;
-        float acc = 0.0f;
-        for (int64_t j = 0; j < a.W; j++)
-            acc += to_f(w[c * a.W + j]) * conv_in<E>(a, b, rs, s, n - a.W + 1 + j, c);
-        z[i] = acc;
+    for (int i = 0; i < kVec; i++)
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            wr[j][i] = to_f(w[(c0 + i) * W + j]);
+}
+
+// Input row tau of the 8 channels as token t (row start rs, document start s, row b) sees it:
+// its document's rows, the row's halo before a row's first document, zeros before any other.
+template <typename E, int W>
+__device__ __forceinline__ void conv_in(const ConvArgs &a, int64_t b, int64_t rs, int64_t s,
+                                        int64_t tau, int64_t c0, float v[kVec])
+{
+    if (tau >= s) {
+        load8((const E *)a.u + tau * a.C + c0, a.vec, v);
+    } else if (a.halo && s == rs) {  // tau - rs in [-(W-1), -1]
+        load8((const E *)a.halo + (b * (W - 1) + W - 1 + (tau - rs)) * a.C + c0, a.vec, v);
+    } else {
+#pragma unroll
+        for (int i = 0; i < kVec; i++)
+            v[i] = 0.0f;
     }
 }
 
-template <typename E, int NPL>
-__global__ void conv_fwd_kernel(ConvArgs a, int l2, E *out)
+template <typename E, int W>
+__device__ __forceinline__ void conv_z(const ConvArgs &a, const float wr[W][kVec], int64_t t,
+                                       int64_t b, int64_t rs, int64_t s, int64_t c0,
+                                       float z[kVec])
 {
-    const int64_t pair = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (pair >= a.N * a.heads)
-        return;  // whole warps leave together: pairs are per warp
-    const int64_t n = pair / a.heads, h = pair % a.heads;
-    float z[NPL], y[NPL], ss = 0.0f;
-    conv_z<E, NPL>(a, n, h, lane, z);
 #pragma unroll
-    for (int i = 0; i < NPL; i++) {
-        y[i] = z[i] * sigm(z[i]);
-        ss += y[i] * y[i];
+    for (int i = 0; i < kVec; i++)
+        z[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < W; j++) {
+        float x[kVec];
+        conv_in<E, W>(a, b, rs, s, t - W + 1 + j, c0, x);
+#pragma unroll
+        for (int i = 0; i < kVec; i++)
+            z[i] += wr[j][i] * x[i];
     }
-    float r = 1.0f;
-    if (l2)
-        r = 1.0f / sqrtf(warp_sum(ss) + 1e-6f);
-#pragma unroll
-    for (int i = 0; i < NPL; i++)
-        out[n * a.C + h * (32 * NPL) + lane + 32 * i] = from_f<E>(y[i] * r);
 }
 
-// y = silu(z) (r y with l2); dy -> dz = r (dy - (dy . ry) ry) silu'(z), recomputed in fp32.
-template <typename E, int NPL>
-__global__ void conv_act_bwd_kernel(ConvArgs a, int l2, const E *dout, float *dz)
+template <typename E, int W>
+__global__ void __launch_bounds__(kThreads) conv_fwd_kernel(ConvArgs a, int seg, int l2, E *out)
 {
-    const int64_t pair = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (pair >= a.N * a.heads)
-        return;
-    const int64_t n = pair / a.heads, h = pair % a.heads;
-    float z[NPL], y[NPL], d[NPL], ss = 0.0f;
-    conv_z<E, NPL>(a, n, h, lane, z);
+    const ConvThread p = conv_thread(a);
+    float wr[W][kVec];
+    load_filter<E, W>(a, p.c0, wr);
+    int64_t b = p.t0 / a.T, rs = b * a.T;
+    for (int k = 0; k < kTile; k++) {
+        const int64_t t = p.t0 + k;
+        if (t >= a.N)
+            break;  // the whole warp: one tile
+        if (t >= rs + a.T)
+            b++, rs += a.T;
+        const int64_t s = a.dstart ? a.dstart[t] : rs;
+        float z[kVec], ss = 0.0f;
+        conv_z<E, W>(a, wr, t, b, rs, s, p.c0, z);
 #pragma unroll
-    for (int i = 0; i < NPL; i++) {
+        for (int i = 0; i < kVec; i++) {
+            z[i] *= sigm(z[i]);
+            ss += z[i] * z[i];
+        }
+        if (l2) {
+            const float r = 1.0f / sqrtf(head_sum(ss, seg) + 1e-6f);
+#pragma unroll
+            for (int i = 0; i < kVec; i++)
+                z[i] *= r;
+        }
+        if (p.active)
+            store8(out + t * a.C + p.c0, a.vec, z);
+    }
+}
+
+// dz of token t: y = silu(z) (r y with l2); dz = r (dy - (dy . ry) ry) silu'(z), in fp32.
+template <typename E, int W>
+__device__ __forceinline__ void conv_dz(const ConvArgs &a, const float wr[W][kVec], int seg,
+                                        int l2, const E *dout, int64_t t, int64_t b, int64_t rs,
+                                        int64_t s, int64_t c0, float dz[kVec])
+{
+    float z[kVec], y[kVec], d[kVec], ss = 0.0f;
+    conv_z<E, W>(a, wr, t, b, rs, s, c0, z);
+    load8(dout + t * a.C + c0, a.vec, d);
+#pragma unroll
+    for (int i = 0; i < kVec; i++) {
         y[i] = z[i] * sigm(z[i]);
         ss += y[i] * y[i];
-        d[i] = to_f(dout[n * a.C + h * (32 * NPL) + lane + 32 * i]);
     }
     if (l2) {
-        const float r = 1.0f / sqrtf(warp_sum(ss) + 1e-6f);
+        const float r = 1.0f / sqrtf(head_sum(ss, seg) + 1e-6f);
         float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < NPL; i++) {
+        for (int i = 0; i < kVec; i++) {
             y[i] *= r;
             dot += d[i] * y[i];
         }
-        dot = warp_sum(dot);
+        dot = head_sum(dot, seg);
 #pragma unroll
-        for (int i = 0; i < NPL; i++)
+        for (int i = 0; i < kVec; i++)
             d[i] = r * (d[i] - dot * y[i]);
     }
 #pragma unroll
-    for (int i = 0; i < NPL; i++) {
+    for (int i = 0; i < kVec; i++) {
         const float sg = sigm(z[i]);
-        dz[n * a.C + h * (32 * NPL) + lane + 32 * i] = d[i] * sg * (1.0f + z[i] * (1.0f - sg));
+        dz[i] = d[i] * sg * (1.0f + z[i] * (1.0f - sg));
     }
 }
 
-// Rows r < N: du of token r; rows N .. N + B (W-1): dhalo row (b, j), row-local position
-// j - (W-1). An input row feeds the outputs t in [tau, tau + W - 1] of its document (a halo
-// row: of its row's first document).
-template <typename E>
-__global__ void conv_bwd_data_kernel(ConvArgs a, const float *dz, const int32_t *dend, E *du,
-                                     E *dhalo)
+// The thread streams tokens t0 .. t0 + kTile + W - 2 (the last W - 1 belong to the next tile:
+// their dz is recomputed here for the du of this tile's last rows). After dz(t), the ring holds
+// dz of tokens tau .. t (tau = t - W + 1) with their document starts, which is all that du(tau)
+// needs (t' feeds tau when t' is in tau's document: its start is <= tau) and, for a row start
+// r0 in (tau, t], the halo row of r0's row at tau (t' in the row's first document: start r0).
+// Filter gradients: part[blk, c, j] = sum over the block's R tokens t of dz(t) in(t - W + 1 + j).
+template <typename E, int W>
+__global__ void __launch_bounds__(kThreads)
+conv_bwd_kernel(ConvArgs a, int seg, int l2, const E *dout, E *du, E *dhalo, float *part)
 {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t rows = a.N + (dhalo ? a.B * (a.W - 1) : 0);
-    if (i >= rows * a.C)
-        return;
-    const int64_t r = i / a.C, c = i % a.C;
-    int64_t tau, lo, e;  // the input row (global index), the outputs it may feed: [lo, e)
-    if (r < a.N) {
-        tau = lo = r;
-        e = dend ? dend[r] : (r / a.T + 1) * a.T;
-    } else {
-        const int64_t b = (r - a.N) / (a.W - 1), j = (r - a.N) % (a.W - 1), rs = b * a.T;
-        tau = rs + j - (a.W - 1), lo = rs;
-        e = dend ? dend[rs] : rs + a.T;
+    const ConvThread p = conv_thread(a);
+    float wr[W][kVec];
+    load_filter<E, W>(a, p.c0, wr);
+    const int64_t t_end = p.t0 + kTile < a.N ? p.t0 + kTile : a.N;
+    float ring[W][kVec], gw[W][kVec];
+    int64_t rstart[W];  // document start of the ring's tokens; INT64_MAX: no token
+#pragma unroll
+    for (int j = 0; j < W; j++) {
+        rstart[j] = INT64_MAX;
+#pragma unroll
+        for (int i = 0; i < kVec; i++)
+            ring[j][i] = 0.0f, gw[j][i] = 0.0f;
     }
-    const E *w = (const E *)a.w;
-    float acc = 0.0f;
-    for (int64_t k = 0; k < a.W; k++) {
-        const int64_t t = tau + a.W - 1 - k;
-        if (t >= lo && t < e)
-            acc += to_f(w[c * a.W + k]) * dz[t * a.C + c];
-    }
-    if (r < a.N)
-        du[r * a.C + c] = from_f<E>(acc);
-    else
-        dhalo[(r - a.N) * a.C + c] = from_f<E>(acc);
-}
-
-// part[blk, c, j] = sum over the block's tokens n of dz[n, c] u[n - W + 1 + j, c].
-template <typename E>
-__global__ void conv_bwd_w_kernel(ConvArgs a, const float *dz, float *part)
-{
-    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, blk = blockIdx.y;
-    if (c >= a.C)
-        return;
-    const int64_t n0 = blk * R, n1 = n0 + R < a.N ? n0 + R : a.N;
-    for (int64_t j = 0; j < a.W; j++) {
-        float acc = 0.0f;
-        for (int64_t n = n0; n < n1; n++) {
-            const int64_t b = n / a.T, rs = b * a.T, s = a.dstart ? a.dstart[n] : rs;
-            acc += dz[n * a.C + c] * conv_in<E>(a, b, rs, s, n - a.W + 1 + j, c);
+    int64_t b = p.t0 / a.T, rs = b * a.T;
+    for (int k = 0; k < kTile + W - 1; k++) {
+        const int64_t t = p.t0 + k, tau = t - W + 1;
+        if (tau >= t_end)
+            break;  // uniform over the warp
+#pragma unroll
+        for (int j = 0; j + 1 < W; j++) {
+            rstart[j] = rstart[j + 1];
+#pragma unroll
+            for (int i = 0; i < kVec; i++)
+                ring[j][i] = ring[j + 1][i];
         }
-        part[(blk * a.C + c) * a.W + j] = acc;
+        rstart[W - 1] = INT64_MAX;
+        if (t < a.N) {
+            if (t >= rs + a.T)
+                b++, rs += a.T;
+            const int64_t s = a.dstart ? a.dstart[t] : rs;
+            conv_dz<E, W>(a, wr, seg, l2, dout, t, b, rs, s, p.c0, ring[W - 1]);
+            rstart[W - 1] = s;
+            if (t < t_end) {
+#pragma unroll
+                for (int j = 0; j < W; j++) {
+                    float x[kVec];
+                    conv_in<E, W>(a, b, rs, s, t - W + 1 + j, p.c0, x);
+#pragma unroll
+                    for (int i = 0; i < kVec; i++)
+                        gw[j][i] += ring[W - 1][i] * x[i];
+                }
+            }
+        }
+        if (!p.active)
+            continue;
+        if (tau >= p.t0) {
+            float acc[kVec] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int kk = 0; kk < W; kk++) {  // ring slot q = W - 1 - kk holds token tau + q
+                const int q = W - 1 - kk;
+                if (rstart[q] <= tau)
+#pragma unroll
+                    for (int i = 0; i < kVec; i++)
+                        acc[i] += wr[kk][i] * ring[q][i];
+            }
+            store8(du + tau * a.C + p.c0, a.vec, acc);
+        }
+        if (dhalo) {
+            // row starts r0 in (tau, t] inside this tile: the halo row tau - r0 + W - 1 of r0's row
+            for (int64_t r0 = (tau < 0 ? 0 : tau / a.T + 1) * a.T; r0 <= t && r0 < t_end;
+                 r0 += a.T) {
+                if (r0 < p.t0)
+                    continue;
+                float acc[kVec] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int kk = 0; kk < W; kk++) {
+                    const int q = W - 1 - kk;
+                    if (rstart[q] == r0)
+#pragma unroll
+                        for (int i = 0; i < kVec; i++)
+                            acc[i] += wr[kk][i] * ring[q][i];
+                }
+                const int64_t row = r0 / a.T, jh = tau - r0 + W - 1;
+                store8(dhalo + (row * (W - 1) + jh) * a.C + p.c0, a.vec, acc);
+            }
+        }
+    }
+    // the block's filter gradient partials: its warps' sums added in warp order
+    __shared__ float red[kWarps][32 * kVec];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j < W; j++) {
+#pragma unroll
+        for (int i = 0; i < kVec; i++)
+            red[wid][lane * kVec + i] = gw[j][i];
+        __syncthreads();
+        const int64_t c = (int64_t)blockIdx.y * 32 * kVec + threadIdx.x;  // 256 channels
+        if (c < a.C) {
+            float s = 0.0f;
+            for (int w = 0; w < kWarps; w++)
+                s += red[w][threadIdx.x];
+            part[((int64_t)blockIdx.x * a.C + c) * W + j] = s;
+        }
+        __syncthreads();
     }
 }
 
@@ -237,16 +401,24 @@ __global__ void sum_parts_kernel(const float *part, int64_t nb, int64_t n, float
 
 // ---- gates ------------------------------------------------------------------------------------
 
+// Eight elements per thread (16-byte loads when vec); Dg and dk are multiples of 8, so the
+// eight share a row and a head.
 template <typename E>
 __global__ void gate_fwd_kernel(int64_t n, int64_t Dg, int64_t dk, float lb, const E *zf,
-                                const E *a_log, const E *dtb, E *g)
+                                const E *a_log, const E *dtb, E *g, int vec)
 {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n)
+    const int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * kVec;
+    if (i0 >= n)
         return;
-    const int64_t c = i % Dg;
-    const float z = to_f(zf[i]) + to_f(dtb[c]), ea = expf(to_f(a_log[c / dk]));
-    g[i] = from_f<E>(lb * sigm(ea * z));
+    const int64_t c = i0 % Dg;
+    const float ea = expf(to_f(a_log[c / dk]));
+    float z[kVec], bias[kVec];
+    load8(zf + i0, vec, z);
+    load8(dtb + c, vec, bias);
+#pragma unroll
+    for (int i = 0; i < kVec; i++)
+        z[i] = lb * sigm(ea * (z[i] + bias[i]));
+    store8(g + i0, vec, z);
 }
 
 // Block (32 channels, 8 row groups) over R tokens: dzf, and the block's sums of dz and of
@@ -312,30 +484,52 @@ __global__ void gate_finish_kernel(const float *part_z, const float *part_a, int
 }
 
 template <typename E>
-__global__ void ogate_fwd_kernel(int64_t n, const E *on, const E *G, E *yg)
+__global__ void ogate_fwd_kernel(int64_t n, const E *on, const E *G, E *yg, int vec)
 {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        yg[i] = from_f<E>(to_f(on[i]) * sigm(to_f(G[i])));
+    const int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * kVec;
+    if (i0 >= n)
+        return;
+    float o[kVec], gt[kVec];
+    load8(on + i0, vec, o);
+    load8(G + i0, vec, gt);
+#pragma unroll
+    for (int i = 0; i < kVec; i++)
+        o[i] *= sigm(gt[i]);
+    store8(yg + i0, vec, o);
 }
 
 template <typename E>
-__global__ void ogate_bwd_kernel(int64_t n, const E *on, const E *G, const E *dyg, E *don, E *dG)
+__global__ void ogate_bwd_kernel(int64_t n, const E *on, const E *G, const E *dyg, E *don, E *dG,
+                                 int vec)
 {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n)
+    const int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * kVec;
+    if (i0 >= n)
         return;
-    const float sg = sigm(to_f(G[i])), d = to_f(dyg[i]);
-    dG[i] = from_f<E>(d * to_f(on[i]) * sg * (1.0f - sg));
-    don[i] = from_f<E>(d * sg);
+    float o[kVec], gt[kVec], d[kVec];
+    load8(on + i0, vec, o);
+    load8(G + i0, vec, gt);
+    load8(dyg + i0, vec, d);
+#pragma unroll
+    for (int i = 0; i < kVec; i++) {
+        const float sg = sigm(gt[i]);
+        gt[i] = d[i] * o[i] * sg * (1.0f - sg);
+        o[i] = d[i] * sg;
+    }
+    store8(dG + i0, vec, gt);
+    store8(don + i0, vec, o);
 }
 
-ConvArgs conv_args(int64_t B, int64_t T, int64_t C, int64_t W, int64_t heads, const void *u,
-                   const void *halo, const void *w, const int32_t *dstart)
+bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+// vec: every [N, C] row the kernels load or store starts on 16 bytes (C is a multiple of 32).
+ConvArgs conv_args(int64_t B, int64_t T, int64_t C, int64_t W, const void *u, const void *halo,
+                   const void *w, const int32_t *dstart, const void *o1, const void *o2,
+                   const void *o3)
 {
     ConvArgs a;
-    a.B = B, a.T = T, a.C = C, a.W = W, a.heads = heads, a.N = B * T;
+    a.B = B, a.T = T, a.C = C, a.W = W, a.N = B * T;
     a.u = u, a.halo = halo, a.w = w, a.dstart = dstart;
+    a.vec = aligned16(u) && aligned16(halo) && aligned16(o1) && aligned16(o2) && aligned16(o3);
     return a;
 }
 
@@ -345,35 +539,61 @@ int check_conv(int dtype, int64_t hd, int64_t W, const char *what, k3rt_error *e
     if (hd != 32 && hd != 64 && hd != 128)
         return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "kda cuda %s: head width %lld (32, 64 or "
                          "128)", what, (long long)hd);
-    if (W < 1)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "kda cuda %s: conv width %lld", what,
-                         (long long)W);
+    if (W < 1 || W > KDA_CU_MAX_CONV)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "kda cuda %s: conv width %lld (1 to %d)",
+                         what, (long long)W, KDA_CU_MAX_CONV);
     return K3RT_OK;
 }
 
-template <typename E>
-void launch_conv_fwd(cudaStream_t st, const ConvArgs &a, int64_t hd, int l2, void *out)
+// The eight-element kernels take whole vectors only (every width here is a multiple of 32).
+int check_vec8(int64_t n, const char *what, k3rt_error *err)
 {
-    const unsigned grid = blocks_for(a.N * a.heads * 32);
-    if (hd == 32)
-        conv_fwd_kernel<E, 1><<<grid, kThreads, 0, st>>>(a, l2, (E *)out);
-    else if (hd == 64)
-        conv_fwd_kernel<E, 2><<<grid, kThreads, 0, st>>>(a, l2, (E *)out);
-    else
-        conv_fwd_kernel<E, 4><<<grid, kThreads, 0, st>>>(a, l2, (E *)out);
+    if (n % kVec)
+        return k3rt_fail(err, K3RT_ERR_INVALID, "kda cuda %s %lld is not a multiple of %d", what,
+                         (long long)n, kVec);
+    return K3RT_OK;
+}
+
+dim3 conv_grid(const ConvArgs &a)
+{
+    return dim3(blocks_for(a.N, R), blocks_for(a.C, 32 * kVec));
+}
+
+template <typename E, int W>
+void conv_fwd_w(cudaStream_t st, const ConvArgs &a, int seg, int l2, void *out)
+{
+    conv_fwd_kernel<E, W><<<conv_grid(a), kThreads, 0, st>>>(a, seg, l2, (E *)out);
 }
 
 template <typename E>
-void launch_conv_act_bwd(cudaStream_t st, const ConvArgs &a, int64_t hd, int l2,
-                         const void *dout, float *dz)
+void launch_conv_fwd(cudaStream_t st, const ConvArgs &a, int seg, int l2, void *out)
 {
-    const unsigned grid = blocks_for(a.N * a.heads * 32);
-    if (hd == 32)
-        conv_act_bwd_kernel<E, 1><<<grid, kThreads, 0, st>>>(a, l2, (const E *)dout, dz);
-    else if (hd == 64)
-        conv_act_bwd_kernel<E, 2><<<grid, kThreads, 0, st>>>(a, l2, (const E *)dout, dz);
-    else
-        conv_act_bwd_kernel<E, 4><<<grid, kThreads, 0, st>>>(a, l2, (const E *)dout, dz);
+    switch (a.W) {
+    case 1: conv_fwd_w<E, 1>(st, a, seg, l2, out); break;
+    case 2: conv_fwd_w<E, 2>(st, a, seg, l2, out); break;
+    case 3: conv_fwd_w<E, 3>(st, a, seg, l2, out); break;
+    default: conv_fwd_w<E, 4>(st, a, seg, l2, out); break;
+    }
+}
+
+template <typename E, int W>
+void conv_bwd_w(cudaStream_t st, const ConvArgs &a, int seg, int l2, const void *dout, void *du,
+                void *dhalo, float *part)
+{
+    conv_bwd_kernel<E, W><<<conv_grid(a), kThreads, 0, st>>>(a, seg, l2, (const E *)dout,
+                                                             (E *)du, (E *)dhalo, part);
+}
+
+template <typename E>
+void launch_conv_bwd(cudaStream_t st, const ConvArgs &a, int seg, int l2, const void *dout,
+                     void *du, void *dhalo, float *part)
+{
+    switch (a.W) {
+    case 1: conv_bwd_w<E, 1>(st, a, seg, l2, dout, du, dhalo, part); break;
+    case 2: conv_bwd_w<E, 2>(st, a, seg, l2, dout, du, dhalo, part); break;
+    case 3: conv_bwd_w<E, 3>(st, a, seg, l2, dout, du, dhalo, part); break;
+    default: conv_bwd_w<E, 4>(st, a, seg, l2, dout, du, dhalo, part); break;
+    }
 }
 
 }  // namespace
@@ -388,13 +608,13 @@ extern "C" int kda_cu_enter(int device, k3rt_error *err)
 }
 
 extern "C" int kda_cu_doc_bounds(void *stream, int64_t N, const int32_t *docs, int64_t n_docs,
-                                 int32_t *dstart, int32_t *dend, k3rt_error *err)
+                                 int32_t *dstart, k3rt_error *err)
 {
     if (N < 1 || n_docs < 1)
         return k3rt_fail(err, K3RT_ERR_INVALID, "kda cuda doc bounds: %lld tokens, %lld "
                          "documents", (long long)N, (long long)n_docs);
     doc_bounds_kernel<<<blocks_for(N), kThreads, 0, (cudaStream_t)stream>>>(N, docs, n_docs,
-                                                                           dstart, dend);
+                                                                           dstart);
     KDA_LAUNCHED("kda doc_bounds_kernel");
     return K3RT_OK;
 }
@@ -405,69 +625,36 @@ extern "C" int kda_cu_conv_fwd(void *stream, int dtype, int64_t B, int64_t T, in
                                k3rt_error *err)
 {
     K3RT_TRY(check_conv(dtype, hd, W, "conv", err));
-    ConvArgs a = conv_args(B, T, heads * hd, W, heads, u, halo, w, dstart);
+    ConvArgs a = conv_args(B, T, heads * hd, W, u, W > 1 ? halo : NULL, w, dstart, out, NULL,
+                           NULL);
     cudaStream_t st = (cudaStream_t)stream;
+    const int seg = (int)(hd / kVec);
     if (dtype == K3RT_BF16)
-        launch_conv_fwd<bf16>(st, a, hd, l2, out);
+        launch_conv_fwd<bf16>(st, a, seg, l2, out);
     else
-        launch_conv_fwd<float>(st, a, hd, l2, out);
+        launch_conv_fwd<float>(st, a, seg, l2, out);
     KDA_LAUNCHED("kda conv_fwd_kernel");
     return K3RT_OK;
 }
 
-extern "C" int kda_cu_conv_act_bwd(void *stream, int dtype, int64_t B, int64_t T, int64_t heads,
-                                   int64_t hd, int64_t W, const void *u, const void *halo,
-                                   const void *w, const int32_t *dstart, int l2,
-                                   const void *dout, float *dz, k3rt_error *err)
+extern "C" int kda_cu_conv_bwd(void *stream, int dtype, int64_t B, int64_t T, int64_t heads,
+                               int64_t hd, int64_t W, const void *u, const void *halo,
+                               const void *w, const int32_t *dstart, int l2, const void *dout,
+                               void *du, void *dhalo, float *part, float *dw, k3rt_error *err)
 {
     K3RT_TRY(check_conv(dtype, hd, W, "conv backward", err));
-    ConvArgs a = conv_args(B, T, heads * hd, W, heads, u, halo, w, dstart);
+    if (W < 2 || !halo)
+        halo = NULL, dhalo = NULL;
+    const int64_t C = heads * hd;
+    ConvArgs a = conv_args(B, T, C, W, u, halo, w, dstart, dout, du, dhalo);
     cudaStream_t st = (cudaStream_t)stream;
+    const int seg = (int)(hd / kVec);
     if (dtype == K3RT_BF16)
-        launch_conv_act_bwd<bf16>(st, a, hd, l2, dout, dz);
+        launch_conv_bwd<bf16>(st, a, seg, l2, dout, du, dhalo, part);
     else
-        launch_conv_act_bwd<float>(st, a, hd, l2, dout, dz);
-    KDA_LAUNCHED("kda conv_act_bwd_kernel");
-    return K3RT_OK;
-}
-
-extern "C" int kda_cu_conv_bwd_data(void *stream, int dtype, int64_t B, int64_t T, int64_t C,
-                                    int64_t W, const void *w, const float *dz,
-                                    const int32_t *dend, void *du, void *dhalo, k3rt_error *err)
-{
-    K3RT_TRY(check(dtype, "conv backward", err));
-    ConvArgs a = conv_args(B, T, C, W, 1, NULL, NULL, w, NULL);
-    if (W < 2)
-        dhalo = NULL;
-    const int64_t n = (a.N + (dhalo ? B * (W - 1) : 0)) * C;
-    cudaStream_t st = (cudaStream_t)stream;
-    if (dtype == K3RT_BF16)
-        conv_bwd_data_kernel<bf16><<<blocks_for(n), kThreads, 0, st>>>(a, dz, dend, (bf16 *)du,
-                                                                       (bf16 *)dhalo);
-    else
-        conv_bwd_data_kernel<float><<<blocks_for(n), kThreads, 0, st>>>(a, dz, dend, (float *)du,
-                                                                        (float *)dhalo);
-    KDA_LAUNCHED("kda conv_bwd_data_kernel");
-    return K3RT_OK;
-}
-
-extern "C" int kda_cu_conv_bwd_w(void *stream, int dtype, int64_t B, int64_t T, int64_t C,
-                                 int64_t W, const void *u, const void *halo, const float *dz,
-                                 const int32_t *dstart, float *part, float *dw, k3rt_error *err)
-{
-    K3RT_TRY(check(dtype, "conv filter gradient", err));
-    ConvArgs a = conv_args(B, T, C, W, 1, u, halo, NULL, dstart);
+        launch_conv_bwd<float>(st, a, seg, l2, dout, du, dhalo, part);
+    KDA_LAUNCHED("kda conv_bwd_kernel");
     const int64_t nb = (a.N + R - 1) / R;
-    if (nb > 65535)
-        return k3rt_fail(err, K3RT_ERR_INVALID, "kda cuda conv filter gradient: %lld tokens "
-                         "(at most %lld)", (long long)a.N, (long long)65535 * R);
-    cudaStream_t st = (cudaStream_t)stream;
-    dim3 grid(blocks_for(C, 128), (unsigned)nb);
-    if (dtype == K3RT_BF16)
-        conv_bwd_w_kernel<bf16><<<grid, 128, 0, st>>>(a, dz, part);
-    else
-        conv_bwd_w_kernel<float><<<grid, 128, 0, st>>>(a, dz, part);
-    KDA_LAUNCHED("kda conv_bwd_w_kernel");
     sum_parts_kernel<<<blocks_for(C * W), kThreads, 0, st>>>(part, nb, C * W, dw);
     KDA_LAUNCHED("kda sum_parts_kernel");
     return K3RT_OK;
@@ -478,16 +665,18 @@ extern "C" int kda_cu_gate_fwd(void *stream, int dtype, int64_t N, int64_t HV, i
                                void *g, k3rt_error *err)
 {
     K3RT_TRY(check(dtype, "gate", err));
+    K3RT_TRY(check_vec8(dk, "gate: head width", err));
     const int64_t Dg = HV * dk, n = N * Dg;
+    const int vec = aligned16(zf) && aligned16(dt_bias) && aligned16(g);
     cudaStream_t st = (cudaStream_t)stream;
     if (dtype == K3RT_BF16)
-        gate_fwd_kernel<bf16><<<blocks_for(n), kThreads, 0, st>>>(
+        gate_fwd_kernel<bf16><<<blocks_for(n, kThreads * kVec), kThreads, 0, st>>>(
             n, Dg, dk, (float)lb, (const bf16 *)zf, (const bf16 *)a_log, (const bf16 *)dt_bias,
-            (bf16 *)g);
+            (bf16 *)g, vec);
     else
-        gate_fwd_kernel<float><<<blocks_for(n), kThreads, 0, st>>>(
+        gate_fwd_kernel<float><<<blocks_for(n, kThreads * kVec), kThreads, 0, st>>>(
             n, Dg, dk, (float)lb, (const float *)zf, (const float *)a_log,
-            (const float *)dt_bias, (float *)g);
+            (const float *)dt_bias, (float *)g, vec);
     KDA_LAUNCHED("kda gate_fwd_kernel");
     return K3RT_OK;
 }
@@ -525,14 +714,16 @@ extern "C" int kda_cu_ogate_fwd(void *stream, int dtype, int64_t n, const void *
                                 const void *G, void *yg, k3rt_error *err)
 {
     K3RT_TRY(check(dtype, "output gate", err));
+    K3RT_TRY(check_vec8(n, "output gate: elements", err));
+    const int vec = aligned16(on) && aligned16(G) && aligned16(yg);
+    const unsigned grid = blocks_for(n, kThreads * kVec);
     cudaStream_t st = (cudaStream_t)stream;
     if (dtype == K3RT_BF16)
-        ogate_fwd_kernel<bf16><<<blocks_for(n), kThreads, 0, st>>>(n, (const bf16 *)on,
-                                                                   (const bf16 *)G, (bf16 *)yg);
+        ogate_fwd_kernel<bf16><<<grid, kThreads, 0, st>>>(n, (const bf16 *)on, (const bf16 *)G,
+                                                          (bf16 *)yg, vec);
     else
-        ogate_fwd_kernel<float><<<blocks_for(n), kThreads, 0, st>>>(n, (const float *)on,
-                                                                    (const float *)G,
-                                                                    (float *)yg);
+        ogate_fwd_kernel<float><<<grid, kThreads, 0, st>>>(n, (const float *)on,
+                                                           (const float *)G, (float *)yg, vec);
     KDA_LAUNCHED("kda ogate_fwd_kernel");
     return K3RT_OK;
 }
@@ -542,14 +733,19 @@ extern "C" int kda_cu_ogate_bwd(void *stream, int dtype, int64_t n, const void *
                                 k3rt_error *err)
 {
     K3RT_TRY(check(dtype, "output gate backward", err));
+    K3RT_TRY(check_vec8(n, "output gate backward: elements", err));
+    const int vec = aligned16(on) && aligned16(G) && aligned16(dyg) && aligned16(don) &&
+                    aligned16(dG);
+    const unsigned grid = blocks_for(n, kThreads * kVec);
     cudaStream_t st = (cudaStream_t)stream;
     if (dtype == K3RT_BF16)
-        ogate_bwd_kernel<bf16><<<blocks_for(n), kThreads, 0, st>>>(
-            n, (const bf16 *)on, (const bf16 *)G, (const bf16 *)dyg, (bf16 *)don, (bf16 *)dG);
+        ogate_bwd_kernel<bf16><<<grid, kThreads, 0, st>>>(n, (const bf16 *)on, (const bf16 *)G,
+                                                          (const bf16 *)dyg, (bf16 *)don,
+                                                          (bf16 *)dG, vec);
     else
-        ogate_bwd_kernel<float><<<blocks_for(n), kThreads, 0, st>>>(
-            n, (const float *)on, (const float *)G, (const float *)dyg, (float *)don,
-            (float *)dG);
+        ogate_bwd_kernel<float><<<grid, kThreads, 0, st>>>(n, (const float *)on,
+                                                           (const float *)G, (const float *)dyg,
+                                                           (float *)don, (float *)dG, vec);
     KDA_LAUNCHED("kda ogate_bwd_kernel");
     return K3RT_OK;
 }
