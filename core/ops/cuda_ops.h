@@ -22,8 +22,8 @@ int cuda_gemm(k3rt_stream *s, int dtype, int trans_a, int trans_b, int64_t m, in
 int cuda_gemm_strided_batched(k3rt_stream *s, int dtype, int trans_a, int trans_b, int64_t m,
                               int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
                               int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
-                              double beta, void *c, int64_t ldc, int64_t stride_c,
-                              int64_t batch, k3rt_error *err);
+                              double beta, const void *c, void *d, int64_t ldc,
+                              int64_t stride_c, int64_t batch, k3rt_error *err);
 int cuda_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void *w, const void *bias,
                     void *y, int64_t n, int64_t in, int64_t out, k3rt_error *err);
 int cuda_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void *w, const void *dy,

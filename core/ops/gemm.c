@@ -92,26 +92,43 @@ int k3rt_gemm(k3rt_stream *s, int dtype, int trans_a, int trans_b, int64_t m, in
     return K3RT_OK;
 }
 
+int k3rt_gemm_strided_batched_into(k3rt_stream *s, int dtype, int trans_a, int trans_b,
+                                   int64_t m, int64_t n, int64_t k, double alpha, const void *a,
+                                   int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
+                                   int64_t stride_b, double beta, const void *c, void *d,
+                                   int64_t ldc, int64_t stride_c, int64_t batch, k3rt_error *err)
+{
+    OPS_ON_CUDA(s, "gemm_strided_batched",
+                cuda_gemm_strided_batched(s, dtype, trans_a, trans_b, m, n, k, alpha, a, lda,
+                                          stride_a, b, ldb, stride_b, beta, c, d, ldc, stride_c,
+                                          batch, err));
+    K3RT_TRY(check_cpu_float(s, dtype, "gemm_strided_batched", err));
+    size_t es = k3rt_dtype_size(dtype);
+    int threads = k3rt_stream_threads(s);
+    /* Many small products: one per thread (BLAS then runs single-threaded inside the team); an
+     * addend apart from D is copied into it first (BLAS is in place). */
+#pragma omp parallel for num_threads(threads) if (batch >= threads && threads > 1) schedule(static)
+    for (int64_t i = 0; i < batch; i++) {
+        char *di = (char *)d + i * stride_c * es;
+        if (c != d && beta != 0.0 && n > 0)
+            for (int64_t r = 0; r < m; r++)
+                memcpy(di + r * ldc * es, (const char *)c + (i * stride_c + r * ldc) * es,
+                       (size_t)n * es);
+        gemm_one(dtype, trans_a, trans_b, m, n, k, alpha, (const char *)a + i * stride_a * es,
+                 lda, (const char *)b + i * stride_b * es, ldb, beta, di, ldc);
+    }
+    return K3RT_OK;
+}
+
 int k3rt_gemm_strided_batched(k3rt_stream *s, int dtype, int trans_a, int trans_b, int64_t m,
                               int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
                               int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
                               double beta, void *c, int64_t ldc, int64_t stride_c,
                               int64_t batch, k3rt_error *err)
 {
-    OPS_ON_CUDA(s, "gemm_strided_batched",
-                cuda_gemm_strided_batched(s, dtype, trans_a, trans_b, m, n, k, alpha, a, lda,
-                                          stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
-                                          batch, err));
-    K3RT_TRY(check_cpu_float(s, dtype, "gemm_strided_batched", err));
-    size_t es = k3rt_dtype_size(dtype);
-    int threads = k3rt_stream_threads(s);
-    /* Many small products: one per thread (BLAS then runs single-threaded inside the team). */
-#pragma omp parallel for num_threads(threads) if (batch >= threads && threads > 1) schedule(static)
-    for (int64_t i = 0; i < batch; i++)
-        gemm_one(dtype, trans_a, trans_b, m, n, k, alpha, (const char *)a + i * stride_a * es,
-                 lda, (const char *)b + i * stride_b * es, ldb, beta,
-                 (char *)c + i * stride_c * es, ldc);
-    return K3RT_OK;
+    return k3rt_gemm_strided_batched_into(s, dtype, trans_a, trans_b, m, n, k, alpha, a, lda,
+                                          stride_a, b, ldb, stride_b, beta, c, c, ldc, stride_c,
+                                          batch, err);
 }
 
 int k3rt_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void *w, const void *bias,

@@ -147,9 +147,11 @@ static double *copy_of(const double *v, int64_t n)
 
 /* ---- GEMM ------------------------------------------------------------------------------------ */
 
-/* Row-major C(m,n) = alpha op(A) op(B) + beta C over `batch` matrices with padded rows. */
-static void gemm_case(int dtype, int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t batch,
-                      double alpha, double beta)
+/* Row-major C(m,n) = alpha op(A) op(B) + beta C over `batch` matrices with padded rows; with
+ * `apart`, k3rt_gemm_strided_batched_into writes D (poisoned) from the addend C, which it must
+ * leave as it was. */
+static void gemm_case_of(int dtype, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                         int64_t batch, double alpha, double beta, int apart)
 {
     k3rt_error err = {0};
     int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
@@ -160,7 +162,20 @@ static void gemm_case(int dtype, int ta, int tb, int64_t m, int64_t n, int64_t k
     double *ref = copy_of(Cm.ref, sc * batch);
     TU_OK(k3rt_gemm_strided_batched(H, K3RT_F64, ta, tb, m, n, k, alpha, A.ref, lda, sa, B.ref,
                                     ldb, sb, beta, ref, ldc, sc, batch, &err), err);
-    if (batch == 1)
+    darr Cin = {0};
+    if (apart) {  /* the addend stays in Cin; Cm becomes the poisoned output */
+        Cin = Cm;
+        Cm = poisoned(dtype, sc * batch);
+        TU_OK(k3rt_gemm_strided_batched_into(G, dtype, ta, tb, m, n, k, alpha, A.dev, lda, sa,
+                                             B.dev, ldb, sb, beta, Cin.dev, Cm.dev, ldc, sc,
+                                             batch, &err), err);
+        if (beta != 0.0) {  /* else C is poisoned and must not even be read */
+            double *c_after = download(&Cin);
+            ck_assert_msg(memcmp(c_after, Cin.ref, (size_t)(sc * batch) * sizeof *c_after) == 0,
+                          "gemm_strided_batched_into changed its addend C");
+            free(c_after);
+        }
+    } else if (batch == 1)
         TU_OK(k3rt_gemm(G, dtype, ta, tb, m, n, k, alpha, A.dev, lda, B.dev, ldb, beta, Cm.dev,
                         ldc, &err), err);
     else
@@ -178,14 +193,23 @@ static void gemm_case(int dtype, int ta, int tb, int64_t m, int64_t n, int64_t k
                 ck_assert_msg(isfinite(g[j]), "gemm %dx%dx%d: C[%lld,%lld,%lld] not written",
                               (int)m, (int)n, (int)k, (long long)b, (long long)i, (long long)c);
             }
-    if (beta == 0.0 && n < ldc)
+    if ((beta == 0.0 || apart) && n < ldc)
         ck_assert_msg(isnan(x[n]), "gemm wrote into the padding of C");
     double e = tu_rel_rms(r, g, cnt);
-    ck_assert_msg(e <= tol_of(dtype), "gemm %s ta=%d tb=%d m=%lld n=%lld k=%lld batch=%lld "
-                  "alpha=%g beta=%g: relative rms error %.3g", k3rt_dtype_name(dtype), ta, tb,
-                  (long long)m, (long long)n, (long long)k, (long long)batch, alpha, beta, e);
+    ck_assert_msg(e <= tol_of(dtype), "gemm%s %s ta=%d tb=%d m=%lld n=%lld k=%lld "
+                  "batch=%lld alpha=%g beta=%g: relative rms error %.3g", apart ? " into" : "",
+                  k3rt_dtype_name(dtype), ta, tb, (long long)m, (long long)n, (long long)k,
+                  (long long)batch, alpha, beta, e);
     free(r), free(g), free(x), free(ref);
     drop(&A), drop(&B), drop(&Cm);
+    if (apart)
+        drop(&Cin);
+}
+
+static void gemm_case(int dtype, int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t batch,
+                      double alpha, double beta)
+{
+    gemm_case_of(dtype, ta, tb, m, n, k, batch, alpha, beta, 0);
 }
 
 START_TEST(gemm_vs_cpu)
@@ -206,6 +230,20 @@ START_TEST(gemm_batched_vs_cpu)
         for (int t = 0; t < 4; t++) {
             gemm_case(DT[d], t & 1, t >> 1, 33, 20, 47, 3, 1.0, 0.0);
             gemm_case(DT[d], t & 1, t >> 1, 64, 64, 64, 5, -0.5, 1.0);
+        }
+}
+END_TEST
+
+/* The addend apart from the output, as Newton-Schulz uses it (P = c S S + b S, X' = P X + a X):
+ * also an empty inner dimension (D = beta C) and beta 0 (C not read). */
+START_TEST(gemm_into_vs_cpu)
+{
+    for (int d = 0; d < 2; d++)
+        for (int t = 0; t < 4; t++) {
+            gemm_case_of(DT[d], t & 1, t >> 1, 64, 96, 64, 3, 2.0315, -4.775, 1);
+            gemm_case_of(DT[d], t & 1, t >> 1, 33, 20, 47, 2, 1.0, 3.4445, 1);
+            gemm_case_of(DT[d], t & 1, t >> 1, 17, 9, 0, 2, 1.0, 0.5, 1);
+            gemm_case_of(DT[d], t & 1, t >> 1, 17, 9, 5, 1, 1.0, 0.0, 1);
         }
 }
 END_TEST
@@ -992,6 +1030,7 @@ static Suite *suite(void)
     tcase_set_timeout(t, 300);
     tcase_add_test(t, gemm_vs_cpu);
     tcase_add_test(t, gemm_batched_vs_cpu);
+    tcase_add_test(t, gemm_into_vs_cpu);
     tcase_add_test(t, linear_vs_cpu);
     tcase_add_test(t, grouped_linear_vs_cpu);
     tcase_add_test(t, rmsnorm_vs_cpu);

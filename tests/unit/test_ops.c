@@ -411,6 +411,44 @@ START_TEST(adamw_step_matches_formula)
 }
 END_TEST
 
+/* D = alpha A B + beta C with C apart equals the in-place product on a copy of C, in f64, and
+ * leaves C (and D's padding) alone; beta 0 never reads C (NaN there). */
+START_TEST(gemm_into_matches_in_place)
+{
+    enum { M = 5, K = 7, NN = 6, LD = 8, BATCH = 3, SC = M * LD + 2 };
+    double a[BATCH * M * K], b[BATCH * K * NN], c[BATCH * SC], d[BATCH * SC], ref[BATCH * SC];
+    k3rt_error err = {0};
+    for (int beta_on = 0; beta_on < 2; beta_on++) {
+        const double beta = beta_on ? -4.775 : 0.0;
+        tu_randn(a, BATCH * M * K, 1.0, 40);
+        tu_randn(b, BATCH * K * NN, 1.0, 41);
+        tu_randn(c, BATCH * SC, 1.0, 42);
+        if (!beta_on)
+            for (int i = 0; i < BATCH * SC; i++)
+                c[i] = NAN;
+        for (int i = 0; i < BATCH * SC; i++)
+            d[i] = -1.0, ref[i] = beta_on ? c[i] : -1.0;
+        double c0[BATCH * SC];
+        memcpy(c0, c, sizeof c);
+        TU_OK(k3rt_gemm_strided_batched(S, K3RT_F64, 0, 0, M, NN, K, 2.0315, a, K, M * K, b, NN,
+                                        K * NN, beta, ref, LD, SC, BATCH, &err), err);
+        TU_OK(k3rt_gemm_strided_batched_into(S, K3RT_F64, 0, 0, M, NN, K, 2.0315, a, K, M * K, b,
+                                             NN, K * NN, beta, c, d, LD, SC, BATCH, &err), err);
+        for (int bi = 0; bi < BATCH; bi++)
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < LD; j++) {
+                    const int at = bi * SC + i * LD + j;
+                    if (j < NN)
+                        ck_assert_msg(d[at] == ref[at], "beta %g: D[%d,%d,%d] = %g, in place "
+                                      "%g", beta, bi, i, j, d[at], ref[at]);
+                    else
+                        ck_assert_msg(d[at] == -1.0, "beta %g: D's padding written", beta);
+                }
+        ck_assert_msg(memcmp(c0, c, sizeof c) == 0, "beta %g: C changed", beta);
+    }
+}
+END_TEST
+
 int main(void)
 {
     S = tu_cpu_stream(2);
@@ -427,6 +465,7 @@ int main(void)
     tcase_add_test(tc, grouped_linear_dw_overwrites_or_accumulates);
     tcase_add_test(tc, float_matches_double_and_threads_do_not_change_bits);
     tcase_add_test(tc, gemm_split_matches_one_thread);
+    tcase_add_test(tc, gemm_into_matches_in_place);
     tcase_add_test(tc, dtype_conversions);
     tcase_add_test(tc, adamw_step_matches_formula);
     suite_add_tcase(s, tc);

@@ -93,16 +93,17 @@ std::map<algo_key, algo_entry> g_algos;
 
 // ---- small kernels ----------------------------------------------------------------------------
 
-// C = beta C over (batch, m, n) at row stride ldc: the product of an empty inner dimension.
+// C = beta C_in over (batch, m, n) at row stride ldc (C_in may be C): the product of an empty
+// inner dimension, or the copy of the addend before an in-place product.
 template <typename T>
-__global__ void scale_rows_kernel(T *c, int64_t m, int64_t n, int64_t ldc, int64_t stride,
-                                  int64_t batch, float beta)
+__global__ void scale_rows_kernel(T *c, const T *c_in, int64_t m, int64_t n, int64_t ldc,
+                                  int64_t stride, int64_t batch, float beta)
 {
     int64_t total = batch * m * n, step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
         int64_t col = i % n, row = (i / n) % m, b = i / (m * n);
-        T *p = c + b * stride + row * ldc + col;
-        *p = from_f<T>(beta == 0.0f ? 0.0f : beta * to_f(*p));
+        int64_t at = b * stride + row * ldc + col;
+        c[at] = from_f<T>(beta == 0.0f ? 0.0f : beta * to_f(c_in[at]));
     }
 }
 
@@ -120,14 +121,15 @@ __global__ void add_bias_kernel(T *c, const T *bias, int64_t m, int64_t n, int64
 
 template <typename T>
 int scale_and_bias(cuda_stream_ctx *ctx, const cu_matmul &mm, bool scale, bool bias,
-                   k3rt_error *err)
+                   float beta, k3rt_error *err)
 {
     cudaStream_t st = (cudaStream_t)ctx->stream;
     const int threads = 256;
     if (scale) {
         unsigned g = grid_for(mm.batch * mm.m * mm.n, threads, ctx->sms);
-        scale_rows_kernel<T><<<g, threads, 0, st>>>((T *)mm.c, mm.m, mm.n, mm.ldc, mm.stride_c,
-                                                    mm.batch, (float)mm.beta);
+        const T *c_in = (const T *)(mm.c_in ? mm.c_in : mm.c);
+        scale_rows_kernel<T><<<g, threads, 0, st>>>((T *)mm.c, c_in, mm.m, mm.n, mm.ldc,
+                                                    mm.stride_c, mm.batch, beta);
         CU_LAUNCHED("scale_rows_kernel");
     }
     if (bias) {
@@ -139,18 +141,22 @@ int scale_and_bias(cuda_stream_ctx *ctx, const cu_matmul &mm, bool scale, bool b
     return K3RT_OK;
 }
 
+// scale: C = beta C_in (beta 1 copies the addend); bias: C += bias.
 int scale_and_bias_any(cuda_stream_ctx *ctx, const cu_matmul &mm, bool scale, bool bias,
-                       k3rt_error *err)
+                       float beta, k3rt_error *err)
 {
     if (mm.c_type == K3RT_BF16)
-        return scale_and_bias<bf16>(ctx, mm, scale, bias, err);
-    return scale_and_bias<float>(ctx, mm, scale, bias, err);
+        return scale_and_bias<bf16>(ctx, mm, scale, bias, beta, err);
+    return scale_and_bias<float>(ctx, mm, scale, bias, beta, err);
 }
 
 // ---- the classic cuBLAS path ----------------------------------------------------------------
 
+// The classic GEMM is in place only: an addend elsewhere is copied into C first.
 int blas_fallback(cuda_stream_ctx *ctx, const cu_matmul &mm, k3rt_error *err)
 {
+    if (mm.c_in && mm.c_in != mm.c && mm.beta != 0.0)
+        K3RT_TRY(scale_and_bias_any(ctx, mm, true, false, 1.0f, err));
     void *h = nullptr;
     K3RT_TRY(cuda_blas_acquire(ctx->device, &h, err));
     cublasHandle_t blas = (cublasHandle_t)h;
@@ -231,12 +237,16 @@ int cu_matmul_run(cuda_stream_ctx *ctx, const cu_matmul &mm, k3rt_error *err)
         return k3rt_fail(err, K3RT_ERR_INVALID, "gemm: batch %lld exceeds 2^31 - 1",
                          (long long)mm.batch);
     if (mm.k <= 0)
-        return scale_and_bias_any(ctx, mm, true, mm.bias != nullptr, err);
+        return scale_and_bias_any(ctx, mm, true, mm.bias != nullptr, (float)mm.beta, err);
 
     size_t es_ab = k3rt_dtype_size(mm.ab_type), es_c = k3rt_dtype_size(mm.c_type);
     uint32_t al_a = alignment(mm.b, mm.stride_b, es_ab, mm.batch);  // cuBLASLt's A is our B
     uint32_t al_b = alignment(mm.a, mm.stride_a, es_ab, mm.batch);
+    const void *c_in = mm.c_in ? mm.c_in : mm.c;
     uint32_t al_c = alignment(mm.c, mm.stride_c, es_c, mm.batch);
+    uint32_t al_cin = alignment(c_in, mm.stride_c, es_c, mm.batch);
+    if (al_cin < al_c)
+        al_c = al_cin;
     bool want_bias = mm.bias != nullptr && mm.batch == 1;
     uint32_t al_bias = want_bias ? alignment(mm.bias, 0, es_c, 1) : 256;
     bool epilogue_bias = want_bias && al_bias >= 16;  // else the bias kernel adds it
@@ -292,15 +302,15 @@ int cu_matmul_run(cuda_stream_ctx *ctx, const cu_matmul &mm, k3rt_error *err)
 
     if (!entry.found) {
         K3RT_TRY(blas_fallback(ctx, mm, err));
-        return want_bias ? scale_and_bias_any(ctx, mm, false, true, err) : K3RT_OK;
+        return want_bias ? scale_and_bias_any(ctx, mm, false, true, 0.0f, err) : K3RT_OK;
     }
     float alpha = (float)mm.alpha, beta = (float)mm.beta;
     LT_TRY(cublasLtMatmul((cublasLtHandle_t)ctx->blaslt, o.op, &alpha, mm.b, o.a, mm.a, o.b, &beta,
-                          mm.c, o.c, mm.c, o.c, &entry.algo, ctx->blas_ws, ctx->blas_ws_bytes,
+                          c_in, o.c, mm.c, o.c, &entry.algo, ctx->blas_ws, ctx->blas_ws_bytes,
                           (cudaStream_t)ctx->stream),
            "cublasLtMatmul");
     if (want_bias && !use_bias)
-        return scale_and_bias_any(ctx, mm, false, true, err);
+        return scale_and_bias_any(ctx, mm, false, true, 0.0f, err);
     return K3RT_OK;
 }
 
@@ -317,8 +327,9 @@ static int check_ld(const char *op, const char *name, int64_t ld, int64_t row_le
 
 static int gemm_common(k3rt_stream *s, const char *op, int dtype, int ta, int tb, int64_t m,
                        int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
-                       int64_t sa, const void *b, int64_t ldb, int64_t sb, double beta, void *c,
-                       int64_t ldc, int64_t sc, int64_t batch, k3rt_error *err)
+                       int64_t sa, const void *b, int64_t ldb, int64_t sb, double beta,
+                       const void *c_in, void *c, int64_t ldc, int64_t sc, int64_t batch,
+                       k3rt_error *err)
 {
     if (dtype != K3RT_F32 && dtype != K3RT_BF16)
         return cu_bad_dtype(err, op, dtype, "f32 or bf16");
@@ -334,7 +345,7 @@ static int gemm_common(k3rt_stream *s, const char *op, int dtype, int ta, int tb
     cuda_stream_ctx *ctx;
     K3RT_TRY(cu_enter(s, &ctx, err));
     cu_matmul mm = {ta, tb, m, n, k, dtype, dtype, a, lda, sa, b, ldb, sb, c, ldc, sc, batch,
-                    alpha, beta, nullptr};
+                    alpha, beta, nullptr, c_in != c ? c_in : nullptr};
     return cu_matmul_run(ctx, mm, err);
 }
 
@@ -344,16 +355,16 @@ extern "C" int cuda_gemm(k3rt_stream *s, int dtype, int trans_a, int trans_b, in
                          k3rt_error *err)
 {
     return gemm_common(s, "gemm", dtype, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0,
-                       beta, c, ldc, 0, 1, err);
+                       beta, c, c, ldc, 0, 1, err);
 }
 
 extern "C" int cuda_gemm_strided_batched(k3rt_stream *s, int dtype, int trans_a, int trans_b,
                                          int64_t m, int64_t n, int64_t k, double alpha,
                                          const void *a, int64_t lda, int64_t stride_a,
                                          const void *b, int64_t ldb, int64_t stride_b,
-                                         double beta, void *c, int64_t ldc, int64_t stride_c,
-                                         int64_t batch, k3rt_error *err)
+                                         double beta, const void *c, void *d, int64_t ldc,
+                                         int64_t stride_c, int64_t batch, k3rt_error *err)
 {
     return gemm_common(s, "gemm_strided_batched", dtype, trans_a, trans_b, m, n, k, alpha, a,
-                       lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch, err);
+                       lda, stride_a, b, ldb, stride_b, beta, c, d, ldc, stride_c, batch, err);
 }

@@ -128,9 +128,9 @@ inline unsigned grid_for(int64_t items, int threads, int sms)
 
 // ---- shared between op files --------------------------------------------------------------------
 
-// cuBLASLt product in row-major terms (gemm.cu): C(m,n) = alpha op(A) op(B) + beta C
-// [+ bias(n) broadcast over rows], `batch` times at element strides. ab_type and c_type are
-// K3RT_F32 or K3RT_BF16.
+// cuBLASLt product in row-major terms (gemm.cu): C(m,n) = alpha op(A) op(B) + beta C_in
+// [+ bias(n) broadcast over rows], `batch` times at element strides; C_in is C itself unless
+// c_in is given (same layout and type). ab_type and c_type are K3RT_F32 or K3RT_BF16.
 struct cu_matmul {
     int ta, tb;
     int64_t m, n, k;
@@ -144,6 +144,7 @@ struct cu_matmul {
     int64_t batch;
     double alpha, beta;
     const void *bias;  // of type c_type, or nullptr
+    const void *c_in;  // the addend when it is not C, or nullptr
 };
 int cu_matmul_run(cuda_stream_ctx *ctx, const cu_matmul &mm, k3rt_error *err);
 

@@ -28,7 +28,7 @@ int fwd_product(cuda_stream_ctx *ctx, int dtype, const void *x, const void *w, c
                 void *y, int64_t rows, int64_t in, int64_t out, k3rt_error *err)
 {
     cu_matmul mm = {0, 1, rows, out, in, dtype, dtype, x, in, 0, w, in, 0, y, out, 0, 1,
-                    1.0, 0.0, bias};
+                    1.0, 0.0, bias, nullptr};
     return cu_matmul_run(ctx, mm, err);
 }
 
@@ -37,7 +37,7 @@ int dx_product(cuda_stream_ctx *ctx, int dtype, const void *dy, const void *w, v
                int64_t rows, int64_t in, int64_t out, int acc, k3rt_error *err)
 {
     cu_matmul mm = {0, 0, rows, in, out, dtype, dtype, dy, out, 0, w, in, 0, dx, in, 0, 1,
-                    1.0, acc ? 1.0 : 0.0, nullptr};
+                    1.0, acc ? 1.0 : 0.0, nullptr, nullptr};
     return cu_matmul_run(ctx, mm, err);
 }
 
@@ -46,7 +46,7 @@ int dw_product(cuda_stream_ctx *ctx, int dtype, const void *x, const void *dy, v
                int64_t rows, int64_t in, int64_t out, k3rt_error *err)
 {
     cu_matmul mm = {1, 0, out, in, rows, dtype, K3RT_F32, dy, out, 0, x, in, 0, dw, in, 0, 1,
-                    1.0, 1.0, nullptr};
+                    1.0, 1.0, nullptr, nullptr};
     return cu_matmul_run(ctx, mm, err);
 }
 

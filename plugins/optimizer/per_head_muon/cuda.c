@@ -5,9 +5,10 @@
  *   2. normalise_kernel: X = U / (||U||_F + eps) per block, stored in the Newton-Schulz dtype
  *      (bf16, or f32 for ns_precision = "full");
  *   3. Newton-Schulz: blocks of equal shape are one group, contiguous in the arenas, so each
- *      product of a step is one strided-batched GEMM per group (k3rt_gemm_strided_batched:
- *      cuBLAS, bf16 on the tensor cores with fp32 accumulation, or f32 without TF32), and the
- *      elementwise terms b S and a X are one k3rt_axpby over the whole arena;
+ *      product of a step is one strided-batched GEMM per group (k3rt_gemm_strided_batched_into:
+ *      cuBLASLt, bf16 on the tensor cores with fp32 accumulation, or f32 without TF32), and the
+ *      terms b S and a X are those products' addends, read in their epilogues (C apart from D),
+ *      so no elementwise pass runs between them;
  *   4. apply_kernel: W = W (1 - lr wd) - lr scale sqrt(max(R, C)) X;
  *   5. the AdamW group: k3rt_adamw_step_multi, one fused launch (step.c);
  *   6. QK-clip: qk_clip_kernel reads each head's max logit on the device and scales its block.
@@ -220,7 +221,7 @@ static int plan_clips(muon *o, k3rt_stream *s, struct muon_gpu *g, k3rt_error *e
 static int alloc_arenas(muon *o, k3rt_stream *s, struct muon_gpu *g, k3rt_error *err)
 {
     size_t es = k3rt_dtype_size(g->nsdt), xe = (size_t)g->x_elems, se = (size_t)g->s_elems;
-    /* zeroed: the padding between groups goes through the arena-wide axpby and must be finite */
+    /* zeroed: the padding between groups is never written, and stays finite where a pass reads it */
     g->u = dev_alloc(o, s, xe * sizeof(float), 1, err);
     g->x = g->u && g->nsdt == K3RT_BF16 ? dev_alloc(o, s, xe * es, 1, err) : g->u;
     g->y = g->x ? dev_alloc(o, s, xe * es, 1, err) : NULL;
@@ -301,28 +302,28 @@ static int newton_schulz(muon *o, k3rt_stream *s, void **out, k3rt_error *err)
                                                at(g->sq, q->s_off, dt), m, m * m, q->count,
                                                err));
         }
-        K3RT_TRY(k3rt_axpby(s, dt, g->s_elems, MUON_NS_B, g->sq, 0.0, g->p, err));
-        for (int k = 0; k < g->n_groups; k++) {  /* P = b S + c S S */
+        for (int k = 0; k < g->n_groups; k++) {  /* P = c S S + b S */
             const ns_group *q = &g->groups[k];
             int64_t m = q->rows <= q->cols ? q->rows : q->cols;
-            K3RT_TRY(k3rt_gemm_strided_batched(s, dt, 0, 0, m, m, m, MUON_NS_C,
-                                               at(g->sq, q->s_off, dt), m, m * m,
-                                               at(g->sq, q->s_off, dt), m, m * m, 1.0,
-                                               at(g->p, q->s_off, dt), m, m * m, q->count, err));
+            const void *sq = at(g->sq, q->s_off, dt);
+            K3RT_TRY(k3rt_gemm_strided_batched_into(s, dt, 0, 0, m, m, m, MUON_NS_C, sq, m, m * m,
+                                                    sq, m, m * m, MUON_NS_B, sq,
+                                                    at(g->p, q->s_off, dt), m, m * m, q->count,
+                                                    err));
         }
-        K3RT_TRY(k3rt_axpby(s, dt, g->x_elems, MUON_NS_A, cur, 0.0, nxt, err));
-        for (int k = 0; k < g->n_groups; k++) {  /* X' = a X + P X (wide) or a X + X P (tall) */
+        for (int k = 0; k < g->n_groups; k++) {  /* X' = P X + a X (wide) or X P + a X (tall) */
             const ns_group *q = &g->groups[k];
             int64_t R = q->rows, C = q->cols, m = R <= C ? R : C, rc = R * C;
             const void *xa = at(cur, q->x_off, dt), *pp = at(g->p, q->s_off, dt);
+            void *xn = at(nxt, q->x_off, dt);
             if (R <= C)
-                K3RT_TRY(k3rt_gemm_strided_batched(s, dt, 0, 0, R, C, R, 1.0, pp, m, m * m, xa,
-                                                   C, rc, 1.0, at(nxt, q->x_off, dt), C, rc,
-                                                   q->count, err));
+                K3RT_TRY(k3rt_gemm_strided_batched_into(s, dt, 0, 0, R, C, R, 1.0, pp, m, m * m,
+                                                        xa, C, rc, MUON_NS_A, xa, xn, C, rc,
+                                                        q->count, err));
             else
-                K3RT_TRY(k3rt_gemm_strided_batched(s, dt, 0, 0, R, C, C, 1.0, xa, C, rc, pp, m,
-                                                   m * m, 1.0, at(nxt, q->x_off, dt), C, rc,
-                                                   q->count, err));
+                K3RT_TRY(k3rt_gemm_strided_batched_into(s, dt, 0, 0, R, C, C, 1.0, xa, C, rc, pp,
+                                                        m, m * m, MUON_NS_A, xa, xn, C, rc,
+                                                        q->count, err));
         }
         void *t = cur;
         cur = nxt;

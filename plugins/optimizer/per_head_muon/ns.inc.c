@@ -12,11 +12,11 @@
  * slope at 0), smaller ones are lifted less. The Gram matrix is taken on the small side, so one
  * step costs 4 m^2 n + 2 m^3 FLOPs for m = min(R, C), n = max(R, C).
  *
- * bf16 (ns_precision = "bf16" on the CPU, for tests): every result above (the normalised X, S,
- * b S, P, a X, X') is rounded to bf16 as it is stored, the products accumulating in REAL. This
- * is what the CUDA path does on the tensor cores (bf16 operands, fp32 accumulation, bf16 store
- * after each op), so the device can be checked against it (ERRATA: PyTorch's CPU bf16 matmul
- * rounds differently and is no reference). */
+ * bf16 (ns_precision = "bf16" on the CPU, for tests): every stored result (the normalised X, S,
+ * P, X') is rounded to bf16, the products accumulating in REAL and b S, a X entering unrounded
+ * as the products' addends. This is what the CUDA path does on the tensor cores (bf16 operands,
+ * fp32 accumulation and epilogue, bf16 store after each product), so the device can be checked
+ * against it (ERRATA: PyTorch's CPU bf16 matmul rounds differently and is no reference). */
 #include <math.h>
 #include <string.h>
 
@@ -54,13 +54,11 @@ int SUF(muon_newton_schulz)(k3rt_stream *s, REAL *x, REAL *y, REAL *sq, REAL *p,
         /* P = b S + c S S */
         for (int64_t i = 0; i < m * m; i++)
             p[i] = b * sq[i];
-        SUF(round_bf16)(p, m * m, bf16);
         K3RT_TRY(k3rt_gemm(s, DTYPE, 0, 0, m, m, m, MUON_NS_C, sq, m, sq, m, 1.0, p, m, err));
         SUF(round_bf16)(p, m * m, bf16);
         /* X' = a X + P X (wide) or a X + X P (tall; P is symmetric) */
         for (int64_t i = 0; i < n; i++)
             next[i] = a * cur[i];
-        SUF(round_bf16)(next, n, bf16);
         if (rows <= cols)
             K3RT_TRY(k3rt_gemm(s, DTYPE, 0, 0, rows, cols, rows, 1.0, p, m, cur, cols, 1.0, next,
                                cols, err));

@@ -42,6 +42,15 @@ K3RT_API int k3rt_gemm_strided_batched(k3rt_stream *s, int dtype, int trans_a, i
                                        const void *b, int64_t ldb, int64_t stride_b, double beta,
                                        void *c, int64_t ldc, int64_t stride_c, int64_t batch,
                                        k3rt_error *err);
+/* The same with the addend and the result apart: D = alpha op(A) op(B) + beta C, C and D of one
+ * layout (ldc, stride_c; they may be one buffer). Saves the pass that copies or scales C into D
+ * first (cuBLASLt reads C and writes D in the product's epilogue). */
+K3RT_API int k3rt_gemm_strided_batched_into(k3rt_stream *s, int dtype, int trans_a, int trans_b,
+                                            int64_t m, int64_t n, int64_t k, double alpha,
+                                            const void *a, int64_t lda, int64_t stride_a,
+                                            const void *b, int64_t ldb, int64_t stride_b,
+                                            double beta, const void *c, void *d, int64_t ldc,
+                                            int64_t stride_c, int64_t batch, k3rt_error *err);
 
 /* ---- Linear layers (weights stored [out, in], as torch's nn.Linear) ------------------------ */
 
