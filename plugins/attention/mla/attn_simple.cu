@@ -7,7 +7,8 @@
 //   dK, dV   one block per (b*h, 32 keys) over the query tiles at and after the keys.
 //   dQ       one block per (b*h, 32 rows) over the key tiles up to the rows.
 // Row strides of tiles read by lane-per-row dot products are odd, so the lanes hit different
-// banks.
+// banks. Packed documents (docs not NULL) bound the loops by the documents of the block's first
+// row (last key) and mask per row (key); without them doc_span gives the whole row.
 //
 // Kept for f32 runs (cuDNN's fused attention and the tensor-core kernels are bf16 only) and for
 // bf16 head widths other than (192, 128) and (128, 128).
@@ -66,8 +67,8 @@ inline int64_t dq_floats(int64_t dqk, int64_t dv)
 
 template <typename E>
 __global__ void __launch_bounds__(kThreads)
-simple_fwd(const E *q, const E *k, const E *v, E *o, float *lse, float *bmax, int T, int H,
-           int dqk, int dv, float scale)
+simple_fwd(const E *q, const E *k, const E *v, E *o, float *lse, float *bmax, const int *docs,
+           int n_docs, int T, int H, int dqk, int dv, float scale)
 {
     extern __shared__ float sm[];
     const int ks = dqk | 1;
@@ -80,11 +81,14 @@ simple_fwd(const E *q, const E *k, const E *v, E *o, float *lse, float *bmax, in
     load_rows(sQ, dqk, q + tok * dqk, ldq, dqk, q0, T);
     zero(sO, kTile * dv);
     float m[kRows], l[kRows];
+    int first[kRows];  // each row's first key
 #pragma unroll
-    for (int rr = 0; rr < kRows; rr++)
+    for (int rr = 0; rr < kRows; rr++) {
         m[rr] = -INFINITY, l[rr] = 0.0f;
+        first[rr] = doc_span(docs, n_docs, b, T, q0 + warp * kRows + rr).first;
+    }
     const int nkt = (min(T, q0 + kTile) + kTile - 1) / kTile;
-    for (int j = 0; j < nkt; j++) {
+    for (int j = doc_span(docs, n_docs, b, T, q0).first / kTile; j < nkt; j++) {
         const int k0 = j * kTile, key = k0 + lane;
         __syncthreads();  // the previous tile's readers are done
         load_rows(sK, ks, k + tok * dqk, ldq, dqk, k0, T);
@@ -97,7 +101,7 @@ simple_fwd(const E *q, const E *k, const E *v, E *o, float *lse, float *bmax, in
             float s = 0.0f;
             for (int c = 0; c < dqk; c++)
                 s += sQ[r * dqk + c] * sK[lane * ks + c];
-            const bool ok = key <= row && key < T;
+            const bool ok = key <= row && key < T && key >= first[rr];
             const float x = ok ? s * scale : -INFINITY;
             const float mn = fmaxf(m[rr], warp_max(x)), base = mn == -INFINITY ? 0.0f : mn;
             const float p = ok ? expf(x - base) : 0.0f;
@@ -146,7 +150,8 @@ simple_fwd(const E *q, const E *k, const E *v, E *o, float *lse, float *bmax, in
 template <typename E>
 __global__ void __launch_bounds__(kThreads)
 simple_dkdv(const E *q, const E *k, const E *v, const E *dout, const float *lse,
-            const float *drow, E *dk, E *dvo, int T, int H, int dqk, int dv, float scale)
+            const float *drow, E *dk, E *dvo, const int *docs, int n_docs, int T, int H, int dqk,
+            int dv, float scale)
 {
     extern __shared__ float sm[];
     const int qs = dqk | 1, os = dv | 1;
@@ -160,7 +165,11 @@ simple_dkdv(const E *q, const E *k, const E *v, const E *dout, const float *lse,
     load_rows(sV, dv, v + tok * dv, ldv, dv, k0, T);
     zero(sdK, kTile * dqk);
     zero(sdV, kTile * dv);
-    const int nqt = (T + kTile - 1) / kTile;
+    int end[kRows];  // the rows that see each key end here
+#pragma unroll
+    for (int rr = 0; rr < kRows; rr++)
+        end[rr] = doc_span(docs, n_docs, b, T, k0 + warp * kRows + rr).end;
+    const int nqt = (doc_span(docs, n_docs, b, T, min(k0 + kTile, T) - 1).end + kTile - 1) / kTile;
     for (int i = k0 / kTile; i < nqt; i++) {
         const int r0 = i * kTile, row = r0 + lane;
         __syncthreads();
@@ -180,7 +189,7 @@ simple_dkdv(const E *q, const E *k, const E *v, const E *dout, const float *lse,
                 s += sQ[lane * qs + c] * sK[kr * dqk + c];
             for (int c = 0; c < dv; c++)
                 dp += sO[lane * os + c] * sV[kr * dv + c];
-            const bool ok = row < T && key <= row && key < T;
+            const bool ok = row < T && key <= row && key < T && row < end[rr];
             const float p = ok ? expf(s * scale - sL[lane]) : 0.0f;
             sP[kr * kTile + lane] = p;
             sS[kr * kTile + lane] = p * (dp - sD[lane]);
@@ -221,7 +230,7 @@ simple_dkdv(const E *q, const E *k, const E *v, const E *dout, const float *lse,
 template <typename E>
 __global__ void __launch_bounds__(kThreads)
 simple_dq(const E *q, const E *k, const E *v, const E *dout, const float *lse, const float *drow,
-          E *dq, int T, int H, int dqk, int dv, float scale)
+          E *dq, const int *docs, int n_docs, int T, int H, int dqk, int dv, float scale)
 {
     extern __shared__ float sm[];
     const int ks = dqk | 1, vs = dv | 1;
@@ -239,8 +248,12 @@ simple_dq(const E *q, const E *k, const E *v, const E *dout, const float *lse, c
         sD[threadIdx.x] = row < T ? drow[(int64_t)bh * T + row] : 0.0f;
     }
     zero(sdQ, kTile * dqk);
+    int first[kRows];  // each row's first key
+#pragma unroll
+    for (int rr = 0; rr < kRows; rr++)
+        first[rr] = doc_span(docs, n_docs, b, T, q0 + warp * kRows + rr).first;
     const int nkt = (min(T, q0 + kTile) + kTile - 1) / kTile;
-    for (int j = 0; j < nkt; j++) {
+    for (int j = doc_span(docs, n_docs, b, T, q0).first / kTile; j < nkt; j++) {
         const int k0 = j * kTile, key = k0 + lane;
         __syncthreads();
         load_rows(sK, ks, k + tok * dqk, ldq, dqk, k0, T);
@@ -254,7 +267,7 @@ simple_dq(const E *q, const E *k, const E *v, const E *dout, const float *lse, c
                 s += sQ[r * dqk + c] * sK[lane * ks + c];
             for (int c = 0; c < dv; c++)
                 dp += sO[r * dv + c] * sV[lane * vs + c];
-            const bool ok = row < T && key <= row;
+            const bool ok = row < T && key <= row && key >= first[rr];
             const float p = ok ? expf(s * scale - sL[r]) : 0.0f;
             sS[r * kTile + lane] = p * (dp - sD[r]);
         }
@@ -309,7 +322,8 @@ template <typename E> int fwd_t(cudaStream_t st, const mla_attn *a, k3rt_error *
     dim3 grid((unsigned)(a->B * a->H), (unsigned)((a->T + kTile - 1) / kTile));
     simple_fwd<E><<<grid, kThreads, bytes, st>>>(
         (const E *)a->q, (const E *)a->k, (const E *)a->v, (E *)a->o, a->lse, a->block_max,
-        (int)a->T, (int)a->H, (int)a->dqk, (int)a->dv, (float)a->scale);
+        a->docs, (int)a->n_docs, (int)a->T, (int)a->H, (int)a->dqk, (int)a->dv,
+        (float)a->scale);
     MLA_LAUNCHED("mla simple_fwd");
     return K3RT_OK;
 }
@@ -324,12 +338,13 @@ template <typename E> int bwd_t(cudaStream_t st, const mla_attn *a, k3rt_error *
     dim3 grid((unsigned)(a->B * a->H), (unsigned)((a->T + kTile - 1) / kTile));
     simple_dkdv<E><<<grid, kThreads, bkv, st>>>(
         (const E *)a->q, (const E *)a->k, (const E *)a->v, (const E *)a->dout, a->lse, a->drow,
-        (E *)a->dk, (E *)a->dv_out, (int)a->T, (int)a->H, (int)a->dqk, (int)a->dv,
-        (float)a->scale);
+        (E *)a->dk, (E *)a->dv_out, a->docs, (int)a->n_docs, (int)a->T, (int)a->H,
+        (int)a->dqk, (int)a->dv, (float)a->scale);
     MLA_LAUNCHED("mla simple_dkdv");
     simple_dq<E><<<grid, kThreads, bq, st>>>(
         (const E *)a->q, (const E *)a->k, (const E *)a->v, (const E *)a->dout, a->lse, a->drow,
-        (E *)a->dq, (int)a->T, (int)a->H, (int)a->dqk, (int)a->dv, (float)a->scale);
+        (E *)a->dq, a->docs, (int)a->n_docs, (int)a->T, (int)a->H, (int)a->dqk, (int)a->dv,
+        (float)a->scale);
     MLA_LAUNCHED("mla simple_dq");
     return K3RT_OK;
 }
