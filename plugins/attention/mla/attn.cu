@@ -3,7 +3,8 @@
 // (attn_simple.cu), the backward's row dots and the per-head reduction of the forward's maxima.
 // Each of k3rt's kernels exists for a capability cuDNN's lacks, said in its header: max logits
 // and other lengths (attn_tc.cu), a deterministic backward (attn_tc_bwd.cu), f32 and other head
-// widths (attn_simple.cu).
+// widths (attn_simple.cu); and all of them mask packed documents (cudnn_wanted says why cuDNN
+// does not).
 #include "cuda_common.cuh"
 #ifdef K3RT_MLA_HAVE_CUDNN
 #include "attn_cudnn.h"
@@ -44,6 +45,11 @@ int check(const mla_attn *a, int backward, k3rt_error *err)
     if (backward && (!a->dout || !a->dq || !a->dk || !a->dv_out || !a->drow))
         return k3rt_fail(err, K3RT_ERR_INVALID, "mla attention backward: dout, dq, dk, dv and "
                          "the drow scratch are needed");
+    if (a->docs && (a->n_docs < a->B || a->n_docs > a->B * a->T || a->B * a->T > 0x7fffffff))
+        return k3rt_fail(err, K3RT_ERR_INVALID, "mla attention: packed documents need B <= "
+                         "n_docs <= B*T < 2^31 (every row starts one; i32 offsets), got n_docs "
+                         "%lld for B %lld, T %lld", (long long)a->n_docs, (long long)a->B,
+                         (long long)a->T);
     if (backward && !a->deterministic && mla_tc_supported(a) &&
         (!a->dq_acc || ((uintptr_t)a->dq_acc & 15)))
         return k3rt_fail(err, K3RT_ERR_INVALID, "mla attention backward: the non-deterministic "
@@ -122,9 +128,17 @@ extern "C" int mla_cuda_enter(int device, k3rt_error *err)
 
 namespace {
 
+// Packed documents run on k3rt's kernels, which take a query's document start as the lower
+// bound of its keys (cuda_common.cuh's doc_span), read from the offsets on the device: whole
+// key tiles before it are skipped, so the work follows the documents' own causal triangles,
+// and the boundary tile is masked. The cuDNN alternative, each document its own sequence of a
+// ragged (THD) batch under a padding mask, would need the number of documents and the longest
+// one on the host to build and key its plans: a device-to-host copy of offsets that change
+// every batch, and a synchronisation, on every call.
+
 // Whether cuDNN runs a (*use), by a->kernel: k3rt's never, cuDNN's always (an error when it
 // cannot), auto when it takes the shape. A deterministic backward never: cuDNN sums dQ with
-// atomics.
+// atomics. Packed documents never (above).
 int cudnn_wanted(const mla_attn *a, int backward, int *use, k3rt_error *err)
 {
     *use = 0;
@@ -139,7 +153,11 @@ int cudnn_wanted(const mla_attn *a, int backward, int *use, k3rt_error *err)
     MLA_CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
                "cudaDeviceGetAttribute");
     const char *why = NULL;
-    if (!backward && a->block_max)
+    if (a->docs)
+        why = "cuDNN's fused attention here has no document mask: packed sequences "
+              "(doc_offsets) run k3rt's kernels (the plugin's cuda_kernel \"auto\" or "
+              "\"k3rt\")";
+    else if (!backward && a->block_max)
         why = "its forward does not report the max logits (block_max; the plugin's "
               "report_max_logit)";
     else if (backward && (!a->dq_acc || ((uintptr_t)a->dq_acc & 15)))

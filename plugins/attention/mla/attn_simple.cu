@@ -7,7 +7,9 @@
 //   dK, dV   one block per (b*h, 32 keys) over the query tiles at and after the keys.
 //   dQ       one block per (b*h, 32 rows) over the key tiles up to the rows.
 // Row strides of tiles read by lane-per-row dot products are odd, so the lanes hit different
-// banks.
+// banks. Packed documents (DOCS, docs not NULL) bound the loops by the documents of the block's
+// first row (last key) and mask per row (key); without them (DOCS false) the kernels compile
+// to what they were before documents, doc_span folding to the whole row.
 //
 // Kept for f32 runs (cuDNN's fused attention and the tensor-core kernels are bf16 only) and for
 // bf16 head widths other than (192, 128) and (128, 128).
@@ -64,11 +66,13 @@ inline int64_t dq_floats(int64_t dqk, int64_t dv)
     return kTile * (2 * dqk + dv + (dqk | 1) + (dv | 1)) + 2 * kTile + kWarps * kRows * kTile;
 }
 
-template <typename E>
+template <typename E, bool DOCS>
 __global__ void __launch_bounds__(kThreads)
-simple_fwd(const E *q, const E *k, const E *v, E *o, float *lse, float *bmax, int T, int H,
-           int dqk, int dv, float scale)
+simple_fwd(const E *q, const E *k, const E *v, E *o, float *lse, float *bmax, const int *docs,
+           int n_docs, int T, int H, int dqk, int dv, float scale)
 {
+    if constexpr (!DOCS)
+        docs = nullptr;  // doc_span folds to the whole row
     extern __shared__ float sm[];
     const int ks = dqk | 1;
     float *sQ = sm, *sK = sQ + kTile * dqk, *sV = sK + kTile * ks, *sO = sV + kTile * dv;
@@ -80,11 +84,14 @@ simple_fwd(const E *q, const E *k, const E *v, E *o, float *lse, float *bmax, in
     load_rows(sQ, dqk, q + tok * dqk, ldq, dqk, q0, T);
     zero(sO, kTile * dv);
     float m[kRows], l[kRows];
+    int first[kRows];  // each row's first key
 #pragma unroll
-    for (int rr = 0; rr < kRows; rr++)
+    for (int rr = 0; rr < kRows; rr++) {
         m[rr] = -INFINITY, l[rr] = 0.0f;
+        first[rr] = doc_span(docs, n_docs, b, T, q0 + warp * kRows + rr).first;
+    }
     const int nkt = (min(T, q0 + kTile) + kTile - 1) / kTile;
-    for (int j = 0; j < nkt; j++) {
+    for (int j = doc_span(docs, n_docs, b, T, q0).first / kTile; j < nkt; j++) {
         const int k0 = j * kTile, key = k0 + lane;
         __syncthreads();  // the previous tile's readers are done
         load_rows(sK, ks, k + tok * dqk, ldq, dqk, k0, T);
@@ -97,7 +104,7 @@ simple_fwd(const E *q, const E *k, const E *v, E *o, float *lse, float *bmax, in
             float s = 0.0f;
             for (int c = 0; c < dqk; c++)
                 s += sQ[r * dqk + c] * sK[lane * ks + c];
-            const bool ok = key <= row && key < T;
+            const bool ok = key <= row && key < T && key >= first[rr];
             const float x = ok ? s * scale : -INFINITY;
             const float mn = fmaxf(m[rr], warp_max(x)), base = mn == -INFINITY ? 0.0f : mn;
             const float p = ok ? expf(x - base) : 0.0f;
@@ -143,11 +150,14 @@ simple_fwd(const E *q, const E *k, const E *v, E *o, float *lse, float *bmax, in
     }
 }
 
-template <typename E>
+template <typename E, bool DOCS>
 __global__ void __launch_bounds__(kThreads)
 simple_dkdv(const E *q, const E *k, const E *v, const E *dout, const float *lse,
-            const float *drow, E *dk, E *dvo, int T, int H, int dqk, int dv, float scale)
+            const float *drow, E *dk, E *dvo, const int *docs, int n_docs, int T, int H, int dqk,
+            int dv, float scale)
 {
+    if constexpr (!DOCS)
+        docs = nullptr;  // doc_span folds to the whole row
     extern __shared__ float sm[];
     const int qs = dqk | 1, os = dv | 1;
     float *sK = sm, *sV = sK + kTile * dqk, *sQ = sV + kTile * dv, *sO = sQ + kTile * qs;
@@ -160,7 +170,11 @@ simple_dkdv(const E *q, const E *k, const E *v, const E *dout, const float *lse,
     load_rows(sV, dv, v + tok * dv, ldv, dv, k0, T);
     zero(sdK, kTile * dqk);
     zero(sdV, kTile * dv);
-    const int nqt = (T + kTile - 1) / kTile;
+    int end[kRows];  // the rows that see each key end here
+#pragma unroll
+    for (int rr = 0; rr < kRows; rr++)
+        end[rr] = doc_span(docs, n_docs, b, T, k0 + warp * kRows + rr).end;
+    const int nqt = (doc_span(docs, n_docs, b, T, min(k0 + kTile, T) - 1).end + kTile - 1) / kTile;
     for (int i = k0 / kTile; i < nqt; i++) {
         const int r0 = i * kTile, row = r0 + lane;
         __syncthreads();
@@ -180,7 +194,7 @@ simple_dkdv(const E *q, const E *k, const E *v, const E *dout, const float *lse,
                 s += sQ[lane * qs + c] * sK[kr * dqk + c];
             for (int c = 0; c < dv; c++)
                 dp += sO[lane * os + c] * sV[kr * dv + c];
-            const bool ok = row < T && key <= row && key < T;
+            const bool ok = row < T && key <= row && key < T && row < end[rr];
             const float p = ok ? expf(s * scale - sL[lane]) : 0.0f;
             sP[kr * kTile + lane] = p;
             sS[kr * kTile + lane] = p * (dp - sD[lane]);
@@ -218,11 +232,13 @@ simple_dkdv(const E *q, const E *k, const E *v, const E *dout, const float *lse,
     }
 }
 
-template <typename E>
+template <typename E, bool DOCS>
 __global__ void __launch_bounds__(kThreads)
 simple_dq(const E *q, const E *k, const E *v, const E *dout, const float *lse, const float *drow,
-          E *dq, int T, int H, int dqk, int dv, float scale)
+          E *dq, const int *docs, int n_docs, int T, int H, int dqk, int dv, float scale)
 {
+    if constexpr (!DOCS)
+        docs = nullptr;  // doc_span folds to the whole row
     extern __shared__ float sm[];
     const int ks = dqk | 1, vs = dv | 1;
     float *sQ = sm, *sO = sQ + kTile * dqk, *sK = sO + kTile * dv, *sV = sK + kTile * ks;
@@ -239,8 +255,12 @@ simple_dq(const E *q, const E *k, const E *v, const E *dout, const float *lse, c
         sD[threadIdx.x] = row < T ? drow[(int64_t)bh * T + row] : 0.0f;
     }
     zero(sdQ, kTile * dqk);
+    int first[kRows];  // each row's first key
+#pragma unroll
+    for (int rr = 0; rr < kRows; rr++)
+        first[rr] = doc_span(docs, n_docs, b, T, q0 + warp * kRows + rr).first;
     const int nkt = (min(T, q0 + kTile) + kTile - 1) / kTile;
-    for (int j = 0; j < nkt; j++) {
+    for (int j = doc_span(docs, n_docs, b, T, q0).first / kTile; j < nkt; j++) {
         const int k0 = j * kTile, key = k0 + lane;
         __syncthreads();
         load_rows(sK, ks, k + tok * dqk, ldq, dqk, k0, T);
@@ -254,7 +274,7 @@ simple_dq(const E *q, const E *k, const E *v, const E *dout, const float *lse, c
                 s += sQ[r * dqk + c] * sK[lane * ks + c];
             for (int c = 0; c < dv; c++)
                 dp += sO[r * dv + c] * sV[lane * vs + c];
-            const bool ok = row < T && key <= row;
+            const bool ok = row < T && key <= row && key >= first[rr];
             const float p = ok ? expf(s * scale - sL[r]) : 0.0f;
             sS[r * kTile + lane] = p * (dp - sD[r]);
         }
@@ -301,35 +321,37 @@ template <typename K> int allow(K kernel, int bytes, k3rt_error *err)
     return K3RT_OK;
 }
 
-template <typename E> int fwd_t(cudaStream_t st, const mla_attn *a, k3rt_error *err)
+template <typename E, bool DOCS> int fwd_t(cudaStream_t st, const mla_attn *a, k3rt_error *err)
 {
     int bytes = 0;
     K3RT_TRY(smem_for(fwd_floats(a->dqk, a->dv), a, "forward", &bytes, err));
-    K3RT_TRY(allow(simple_fwd<E>, bytes, err));
+    K3RT_TRY(allow(simple_fwd<E, DOCS>, bytes, err));
     dim3 grid((unsigned)(a->B * a->H), (unsigned)((a->T + kTile - 1) / kTile));
-    simple_fwd<E><<<grid, kThreads, bytes, st>>>(
+    simple_fwd<E, DOCS><<<grid, kThreads, bytes, st>>>(
         (const E *)a->q, (const E *)a->k, (const E *)a->v, (E *)a->o, a->lse, a->block_max,
-        (int)a->T, (int)a->H, (int)a->dqk, (int)a->dv, (float)a->scale);
+        a->docs, (int)a->n_docs, (int)a->T, (int)a->H, (int)a->dqk, (int)a->dv,
+        (float)a->scale);
     MLA_LAUNCHED("mla simple_fwd");
     return K3RT_OK;
 }
 
-template <typename E> int bwd_t(cudaStream_t st, const mla_attn *a, k3rt_error *err)
+template <typename E, bool DOCS> int bwd_t(cudaStream_t st, const mla_attn *a, k3rt_error *err)
 {
     int bkv = 0, bq = 0;
     K3RT_TRY(smem_for(dkdv_floats(a->dqk, a->dv), a, "dK/dV", &bkv, err));
     K3RT_TRY(smem_for(dq_floats(a->dqk, a->dv), a, "dQ", &bq, err));
-    K3RT_TRY(allow(simple_dkdv<E>, bkv, err));
-    K3RT_TRY(allow(simple_dq<E>, bq, err));
+    K3RT_TRY(allow(simple_dkdv<E, DOCS>, bkv, err));
+    K3RT_TRY(allow(simple_dq<E, DOCS>, bq, err));
     dim3 grid((unsigned)(a->B * a->H), (unsigned)((a->T + kTile - 1) / kTile));
-    simple_dkdv<E><<<grid, kThreads, bkv, st>>>(
+    simple_dkdv<E, DOCS><<<grid, kThreads, bkv, st>>>(
         (const E *)a->q, (const E *)a->k, (const E *)a->v, (const E *)a->dout, a->lse, a->drow,
-        (E *)a->dk, (E *)a->dv_out, (int)a->T, (int)a->H, (int)a->dqk, (int)a->dv,
-        (float)a->scale);
+        (E *)a->dk, (E *)a->dv_out, a->docs, (int)a->n_docs, (int)a->T, (int)a->H,
+        (int)a->dqk, (int)a->dv, (float)a->scale);
     MLA_LAUNCHED("mla simple_dkdv");
-    simple_dq<E><<<grid, kThreads, bq, st>>>(
+    simple_dq<E, DOCS><<<grid, kThreads, bq, st>>>(
         (const E *)a->q, (const E *)a->k, (const E *)a->v, (const E *)a->dout, a->lse, a->drow,
-        (E *)a->dq, (int)a->T, (int)a->H, (int)a->dqk, (int)a->dv, (float)a->scale);
+        (E *)a->dq, a->docs, (int)a->n_docs, (int)a->T, (int)a->H, (int)a->dqk, (int)a->dv,
+        (float)a->scale);
     MLA_LAUNCHED("mla simple_dq");
     return K3RT_OK;
 }
@@ -338,10 +360,14 @@ template <typename E> int bwd_t(cudaStream_t st, const mla_attn *a, k3rt_error *
 
 int mla_simple_fwd(cudaStream_t st, const mla_attn *a, k3rt_error *err)
 {
-    return a->dtype == K3RT_BF16 ? fwd_t<bf16>(st, a, err) : fwd_t<float>(st, a, err);
+    if (a->dtype == K3RT_BF16)
+        return a->docs ? fwd_t<bf16, true>(st, a, err) : fwd_t<bf16, false>(st, a, err);
+    return a->docs ? fwd_t<float, true>(st, a, err) : fwd_t<float, false>(st, a, err);
 }
 
 int mla_simple_bwd(cudaStream_t st, const mla_attn *a, k3rt_error *err)
 {
-    return a->dtype == K3RT_BF16 ? bwd_t<bf16>(st, a, err) : bwd_t<float>(st, a, err);
+    if (a->dtype == K3RT_BF16)
+        return a->docs ? bwd_t<bf16, true>(st, a, err) : bwd_t<bf16, false>(st, a, err);
+    return a->docs ? bwd_t<float, true>(st, a, err) : bwd_t<float, false>(st, a, err);
 }

@@ -10,7 +10,10 @@
 //
 // One block per (b*h, 32*NW query rows), NW warps of 32 rows; key tiles of 32, online softmax
 // in base 2; K of the next tile loads while P V runs, V while Q K^T runs. Warps whose rows all
-// precede a tile's keys skip it.
+// precede a tile's keys skip it. With packed documents (DOCS) the block starts at the key tile
+// of its first row's document start, a warp skips the tiles before its own first row's, and
+// the tiles that begin before its last row's are masked per row (the document starts of the
+// block's rows are kept in shared memory, off the registers the 192-wide kernel is short of).
 #include "tc.cuh"
 
 namespace {
@@ -19,21 +22,23 @@ using namespace mla_tc;
 
 // ---- forward ------------------------------------------------------------------------------
 
-template <int DQK, int DV, int NW> struct Fwd {
+template <int DQK, int DV, int NW, bool DOCS> struct Fwd {
     static constexpr int THREADS = NW * 32, BM = NW * 32, BN = 32, QS = DQK + 8, VS = DV + 8;
-    static constexpr int SMEM = (BM * QS + BN * QS + BN * VS) * 2;
+    static constexpr int SMEM = (BM * QS + BN * QS + BN * VS) * 2 + (DOCS ? BM * 4 : 0);
+    static_assert(BM <= THREADS, "one thread per row's document start");
 };
 
-template <int DQK, int DV, int NW>
+template <int DQK, int DV, int NW, bool DOCS>
 __global__ void __launch_bounds__(NW * 32, 8 / NW)
 fwd_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
-           bf16 *__restrict__ o, float *__restrict__ lse, float *__restrict__ bmax, int T, int H,
-           float sl2)
+           bf16 *__restrict__ o, float *__restrict__ lse, float *__restrict__ bmax,
+           const int *__restrict__ docs, int n_docs, int T, int H, float sl2)
 {
-    using C = Fwd<DQK, DV, NW>;
+    using C = Fwd<DQK, DV, NW, DOCS>;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(smem), *sK = sQ + C::BM * C::QS,
          *sV = sK + C::BN * C::QS;
+    int *sF = reinterpret_cast<int *>(sV + C::BN * C::VS);  // DOCS: first key of each row
     const int bh = blockIdx.x, b = bh / H, h = bh % H;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * C::BM;  // the longest rows start first
     const int64_t ldq = (int64_t)H * DQK, ldv = (int64_t)H * DV, tok = (int64_t)b * T * H + h;
@@ -41,9 +46,15 @@ fwd_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *_
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int wr = warp * 32;
     const int nkt = (min(T, q0 + C::BM) + C::BN - 1) / C::BN;
+    int j0 = 0;  // the first key tile any row of the block sees
+    if constexpr (DOCS) {
+        if (tid < C::BM)
+            sF[tid] = doc_span(docs, n_docs, b, T, q0 + tid).first;
+        j0 = doc_span(docs, n_docs, b, T, q0).first / C::BN;
+    }
 
     load_tile<C::BM, DQK, C::QS, C::THREADS>(sQ, Qg, ldq, q0, T, tid);
-    load_tile<C::BN, DQK, C::QS, C::THREADS>(sK, Kg, ldq, 0, T, tid);
+    load_tile<C::BN, DQK, C::QS, C::THREADS>(sK, Kg, ldq, j0 * C::BN, T, tid);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
@@ -60,14 +71,14 @@ fwd_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *_
         ls[ms][0] = ls[ms][1] = 0.0f;
     }
 
-    for (int j = 0; j < nkt; j++) {
+    for (int j = j0; j < nkt; j++) {
         const int k0 = j * C::BN;
         load_tile<C::BN, DV, C::VS, C::THREADS>(sV, Vg, ldv, k0, T, tid);
         cp_async_commit();
 
-        // A warp whose rows all precede the tile's keys has nothing to add (loads and
-        // barriers still run for the block).
-        const bool live = k0 <= q0 + wr + 31;
+        // A warp whose rows all precede the tile's keys, or whose documents all begin after
+        // them, has nothing to add (loads and barriers still run for the block).
+        const bool live = k0 <= q0 + wr + 31 && (!DOCS || k0 + C::BN > sF[wr]);
         float s[2][C::BN / 8][4];
 #pragma unroll
         for (int ms = 0; ms < 2; ms++)
@@ -96,7 +107,8 @@ fwd_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *_
             }
 
             // Online softmax in base 2 (sl2 = scale log2 e); masked logits are -inf.
-            const bool masked = k0 + C::BN - 1 > q0 + wr || k0 + C::BN > T;
+            const bool masked =
+                k0 + C::BN - 1 > q0 + wr || k0 + C::BN > T || (DOCS && k0 < sF[wr + 31]);
 #pragma unroll
             for (int ms = 0; ms < 2; ms++)
 #pragma unroll
@@ -109,7 +121,8 @@ fwd_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *_
                         for (int e = 0; e < 2; e++) {
                             float x = s[ms][n][2 * hf + e] * sl2;
                             int key = k0 + n * 8 + 2 * t4 + e;
-                            if (masked && (key > row || key >= T))
+                            if (masked && (key > row || key >= T ||
+                                           (DOCS && key < sF[row - q0])))
                                 x = -INFINITY;
                             s[ms][n][2 * hf + e] = x;
                             m = fmaxf(m, x);
@@ -192,14 +205,16 @@ fwd_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *_
 
 // ---- launchers --------------------------------------------------------------------------------
 
-template <int DQK, int DV, int NW> int fwd_t(cudaStream_t st, const mla_attn *a, k3rt_error *err)
+template <int DQK, int DV, int NW, bool DOCS>
+int fwd_t(cudaStream_t st, const mla_attn *a, k3rt_error *err)
 {
-    using C = Fwd<DQK, DV, NW>;
-    K3RT_TRY(allow_smem(fwd_kernel<DQK, DV, NW>, C::SMEM, err));
+    using C = Fwd<DQK, DV, NW, DOCS>;
+    K3RT_TRY(allow_smem(fwd_kernel<DQK, DV, NW, DOCS>, C::SMEM, err));
     dim3 grid((unsigned)(a->B * a->H), (unsigned)((a->T + C::BM - 1) / C::BM));
-    fwd_kernel<DQK, DV, NW><<<grid, C::THREADS, C::SMEM, st>>>(
+    fwd_kernel<DQK, DV, NW, DOCS><<<grid, C::THREADS, C::SMEM, st>>>(
         (const bf16 *)a->q, (const bf16 *)a->k, (const bf16 *)a->v, (bf16 *)a->o, a->lse,
-        a->block_max, (int)a->T, (int)a->H, (float)(a->scale * kLog2e));
+        a->block_max, a->docs, (int)a->n_docs, (int)a->T, (int)a->H,
+        (float)(a->scale * kLog2e));
     MLA_LAUNCHED("mla fwd_kernel");
     return K3RT_OK;
 }
@@ -208,6 +223,13 @@ template <int DQK, int DV, int NW> int fwd_t(cudaStream_t st, const mla_attn *a,
 // with 8 (two blocks per multiprocessor). Key tiles of 64 would halve the barriers and the K
 // fragment loads per product but spill (56 bytes at 128/128, 280 at 192/128).
 constexpr int kFwdWarps = 4;
+
+// Without documents the kernel has none of their loads and compares (DOCS false).
+template <int DQK> int fwd_docs(cudaStream_t st, const mla_attn *a, k3rt_error *err)
+{
+    return a->docs ? fwd_t<DQK, 128, kFwdWarps, true>(st, a, err)
+                   : fwd_t<DQK, 128, kFwdWarps, false>(st, a, err);
+}
 
 }  // namespace
 
@@ -222,6 +244,5 @@ int mla_tc_supported(const mla_attn *a)
 
 int mla_tc_fwd(cudaStream_t st, const mla_attn *a, k3rt_error *err)
 {
-    return a->dqk == 192 ? fwd_t<192, 128, kFwdWarps>(st, a, err)
-                         : fwd_t<128, 128, kFwdWarps>(st, a, err);
+    return a->dqk == 192 ? fwd_docs<192>(st, a, err) : fwd_docs<128>(st, a, err);
 }

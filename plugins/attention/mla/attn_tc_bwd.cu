@@ -14,6 +14,10 @@
 //            above, dQ += dS K. Each sum has a fixed order, no atomics; the price is
 //            recomputing S and dP: 7 products.
 // Warps whose keys all follow a tile's rows (or whose rows all precede a tile's keys) skip it.
+// With packed documents (DOCS) a key block ends its query tiles at its last key's document end
+// and a row block starts its key tiles at its first row's document start; a warp skips the
+// tiles entirely outside its keys' (rows') documents, and the tiles a boundary crosses are
+// masked per key (row), the ends (starts) kept in shared memory.
 //
 // Kept beside cuDNN's backward (attn_cudnn.c, faster where it runs) for the deterministic
 // backward (plan.deterministic: cuDNN sums dQ with atomics; the two-pass schedule) and for bf16
@@ -29,13 +33,14 @@ using namespace mla_tc;
 // ATOMIC adds the dQ stage: dS^T of each tile into shared memory ([BN keys][BM rows], rows padded
 // by 16 bytes, double buffered), then dQ (BM x DQK) = dS K with the warps as MW row groups of WM
 // rows times CW column groups of WN columns.
-template <int DQK, int DV, int NW, int BM_, bool ATOMIC> struct BwdKV {
+template <int DQK, int DV, int NW, int BM_, bool ATOMIC, bool DOCS> struct BwdKV {
     static constexpr int THREADS = NW * 32, BN = NW * 16, BM = BM_, QS = DQK + 8, VS = DV + 8;
     static constexpr int DSS = BM + 8, WM = 32, MW = BM / WM, CW = NW / MW, WN = DQK / CW;
     static constexpr int SMEM =
         (BN * QS + BN * VS + 2 * BM * QS + 2 * BM * VS + (ATOMIC ? 2 * BN * DSS : 0)) * 2 +
-        4 * BM * 4;
+        4 * BM * 4 + (DOCS ? BN * 4 : 0);
     static_assert(BN % BM == 0 && BM % 16 == 0, "key blocks begin at query tiles");
+    static_assert(BN <= THREADS, "one thread per key's document end");
     static_assert(!ATOMIC || (BM % WM == 0 && NW % MW == 0 && DQK % CW == 0 && WN % 8 == 0),
                   "the dQ stage's warp grid does not divide the tile");
 };
@@ -43,12 +48,14 @@ template <int DQK, int DV, int NW, int BM_, bool ATOMIC> struct BwdKV {
 // The dQ stage of the one-pass backward: rows [r0, r0 + BM) of dQ += dS K over the block's keys
 // k0 + [0, BN) (unscaled; dq_out applies the scale), added to the f32 accumulator acc (row
 // pitch ld) with float2 atomics. Only the keys of warps that were live for the tile (at most the
-// tile's last row, before T) are summed: exactly the 16-key steps whose dS^T was written.
+// tile's last row, before T, and a 16-key step not wholly before `first`, the document start of
+// the tile's first row) are summed: exactly the 16-key steps whose dS^T was written.
 template <typename C>
 __device__ __forceinline__ void dq_stage(const bf16 *sdS, const bf16 *sK, float *acc, int64_t ld,
-                                         int k0, int r0, int T, int warp, int lane)
+                                         int k0, int r0, int first, int T, int warp, int lane)
 {
     const int g = lane >> 2, t4 = lane & 3;
+    const int ks0 = max(first - k0, 0) / 16;
     const int nks = (min(min(C::BN, r0 + C::BM - k0), T - k0) + 15) / 16;
     const int mr = (warp / C::CW) * C::WM, nc = (warp % C::CW) * C::WN;
     float d[C::WM / 16][C::WN / 8][4];
@@ -60,7 +67,7 @@ __device__ __forceinline__ void dq_stage(const bf16 *sdS, const bf16 *sK, float 
             for (int e = 0; e < 4; e++)
                 d[mt][n][e] = 0.0f;
 #pragma unroll 2
-    for (int ks = 0; ks < nks; ks++) {
+    for (int ks = ks0; ks < nks; ks++) {
         // A = dS (rows x keys) from its transpose; B = K (keys x columns).
         uint32_t a[C::WM / 16][4];
 #pragma unroll
@@ -99,27 +106,49 @@ __device__ __forceinline__ void dq_stage(const bf16 *sdS, const bf16 *sK, float 
         }
 }
 
-template <int DQK, int DV, int NW, int BM, bool ATOMIC>
+template <int DQK, int DV, int NW, int BM, bool ATOMIC, bool DOCS>
 __global__ void __launch_bounds__(NW * 32, 8 / NW)
 kv_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
           const bf16 *__restrict__ dout, const float *__restrict__ lse,
           const float *__restrict__ drow, bf16 *__restrict__ dk, bf16 *__restrict__ dv,
-          float *__restrict__ dq_acc, int T, int H, float sl2, float scale)
+          float *__restrict__ dq_acc, const int *__restrict__ docs, int n_docs, int T, int H,
+          float sl2, float scale)
 {
-    using C = BwdKV<DQK, DV, NW, BM, ATOMIC>;
+    using C = BwdKV<DQK, DV, NW, BM, ATOMIC, DOCS>;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *sK = reinterpret_cast<bf16 *>(smem), *sV = sK + C::BN * C::QS,
          *sQ = sV + C::BN * C::VS, *sO = sQ + 2 * C::BM * C::QS, *sdS = sO + 2 * C::BM * C::VS;
     float *sL = reinterpret_cast<float *>(sdS + (ATOMIC ? 2 * C::BN * C::DSS : 0)),
           *sD = sL + 2 * C::BM;
+    int *sE = reinterpret_cast<int *>(sD + 2 * C::BM);  // DOCS: each key's document end
     const int bh = blockIdx.x, b = bh / H, h = bh % H;
     const int k0 = blockIdx.y * C::BN;  // the first key blocks have the most rows: first
     const int64_t ldq = (int64_t)H * DQK, ldv = (int64_t)H * DV, tok = (int64_t)b * T * H + h;
     const bf16 *Qg = q + tok * DQK, *Kg = k + tok * DQK, *Vg = v + tok * DV, *Og = dout + tok * DV;
     const float *Lg = lse + (int64_t)bh * T, *Dg = drow + (int64_t)bh * T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int kw = warp * 16, nqt = (T + C::BM - 1) / C::BM, i0 = k0 / C::BM;
+    const int kw = warp * 16, i0 = k0 / C::BM;
     const int wkey0 = k0 + kw;  // this warp's first key
+    // The rows that see the block's keys end at its last key's document end (T without
+    // documents); `doc` follows the document of each tile's first row (rows only rise).
+    int nqt = (T + C::BM - 1) / C::BM, doc = 0;
+    if constexpr (DOCS) {
+        if (tid < C::BN)
+            sE[tid] = doc_span(docs, n_docs, b, T, k0 + tid).end;
+        nqt = (doc_span(docs, n_docs, b, T, min(k0 + C::BN, T) - 1).end + C::BM - 1) / C::BM;
+        doc = doc_index(docs, n_docs, b * T + i0 * C::BM);
+    }
+    // The document start of query row r, r at or after the previous call's.
+    auto first_of = [&](int r) {
+        if constexpr (DOCS) {
+            while (doc + 1 < n_docs && docs[doc + 1] <= b * T + r)
+                doc++;
+            return min(max(docs[doc] - b * T, 0), r);
+        } else {
+            return 0;
+        }
+    };
+    int first = first_of(i0 * C::BM), prev_first = first;
 
     load_tile<C::BN, DQK, C::QS, C::THREADS>(sK, Kg, ldq, k0, T, tid);
     load_tile<C::BN, DV, C::VS, C::THREADS>(sV, Vg, ldv, k0, T, tid);
@@ -153,9 +182,10 @@ kv_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
         const bf16 *tQ = sQ + buf * C::BM * C::QS, *tO = sO + buf * C::BM * C::VS;
         const float *tL = sL + buf * C::BM, *tD = sD + buf * C::BM;
         bf16 *tdS = sdS + buf * C::BN * C::DSS;  // this tile's dS^T (ATOMIC)
-        // A warp whose keys all follow the tile's rows, or are all past T, has nothing to add
-        // (barriers still run for the block).
-        const bool live = r0 + C::BM - 1 >= wkey0 && wkey0 < T;
+        prev_first = first, first = first_of(r0);
+        // A warp whose keys all follow the tile's rows, are all past T, or all precede the
+        // rows' documents has nothing to add (barriers still run for the block).
+        const bool live = r0 + C::BM - 1 >= wkey0 && wkey0 < T && (!DOCS || wkey0 + 16 > first);
         if (!ATOMIC && !live)
             continue;
 
@@ -188,17 +218,22 @@ kv_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
                 mma(dpt[2 * np + 1], a, bb[2], bb[3]);
             }
         };
-        // P^T = exp2(S^T sl2 - lse2), masked to 0, in st; dS^T = P^T (dP^T - D) in dpt.
-        const bool masked = r0 < wkey0 + 15 || r0 + C::BM > T || wkey0 + 16 > T;
+        // P^T = exp2(S^T sl2 - lse2), masked to 0, in st; dS^T = P^T (dP^T - D) in dpt. A row
+        // past the document of the warp's first key needs the document mask.
+        const bool masked = r0 < wkey0 + 15 || r0 + C::BM > T || wkey0 + 16 > T ||
+                            (DOCS && r0 + C::BM > sE[kw]);
         auto to_p = [&]() {
 #pragma unroll
             for (int n = 0; n < C::BM / 8; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = n * 8 + 2 * t4 + (e & 1), row = r0 + c;
-                    const int key = wkey0 + g + (e >> 1) * 8;
+                    const int kr = kw + g + (e >> 1) * 8, key = k0 + kr;
                     float p = ex2(st[n][e] * sl2 - tL[c]);
-                    st[n][e] = masked && (row < key || row >= T || key >= T) ? 0.0f : p;
+                    st[n][e] = masked && (row < key || row >= T || key >= T ||
+                                          (DOCS && row >= sE[kr]))
+                                   ? 0.0f
+                                   : p;
                 }
         };
         auto to_ds = [&]() {
@@ -267,12 +302,12 @@ kv_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
         if constexpr (ATOMIC)
             if (i > i0)
                 dq_stage<C>(tdS == sdS ? sdS + C::BN * C::DSS : sdS, sK, dq_acc + tok * DQK, ldq,
-                            k0, r0 - C::BM, T, warp, lane);
+                            k0, r0 - C::BM, prev_first, T, warp, lane);
     }
     if constexpr (ATOMIC) {  // the last tile's dQ
         __syncthreads();
         dq_stage<C>(sdS + ((nqt - 1 - i0) & 1) * C::BN * C::DSS, sK, dq_acc + tok * DQK, ldq, k0,
-                    (nqt - 1) * C::BM, T, warp, lane);
+                    (nqt - 1) * C::BM, first, T, warp, lane);
     }
 
     bf16 *dKg = dk + tok * DQK, *dVg = dv + tok * DV;
@@ -295,25 +330,28 @@ kv_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
 
 // ---- the deterministic dQ pass -----------------------------------------------------------------
 
-template <int DQK, int DV, int NW> struct BwdQ {
+template <int DQK, int DV, int NW, bool DOCS> struct BwdQ {
     static constexpr int THREADS = NW * 32, BM = NW * 16, BN = 32, QS = DQK + 8, VS = DV + 8;
-    static constexpr int SMEM = (BM * QS + BM * VS + 2 * BN * QS + 2 * BN * VS) * 2 + 2 * BM * 4;
+    static constexpr int SMEM = (BM * QS + BM * VS + 2 * BN * QS + 2 * BN * VS) * 2 + 2 * BM * 4 +
+                                (DOCS ? BM * 4 : 0);
+    static_assert(BM <= THREADS, "one thread per row's document start");
 };
 
 // The warp's rows of Q are the A operand of every S product: they stay in registers (dO's
 // too would spill).
-template <int DQK, int DV, int NW>
+template <int DQK, int DV, int NW, bool DOCS>
 __global__ void __launch_bounds__(NW * 32, 8 / NW)
 dq_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
           const bf16 *__restrict__ dout, const float *__restrict__ lse,
-          const float *__restrict__ drow, bf16 *__restrict__ dq, int T, int H, float sl2,
-          float scale)
+          const float *__restrict__ drow, bf16 *__restrict__ dq, const int *__restrict__ docs,
+          int n_docs, int T, int H, float sl2, float scale)
 {
-    using C = BwdQ<DQK, DV, NW>;
+    using C = BwdQ<DQK, DV, NW, DOCS>;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(smem), *sO = sQ + C::BM * C::QS,
          *sK = sO + C::BM * C::VS, *sV = sK + 2 * C::BN * C::QS;
     float *sL = reinterpret_cast<float *>(sV + 2 * C::BN * C::VS), *sD = sL + C::BM;
+    int *sF = reinterpret_cast<int *>(sD + C::BM);  // DOCS: each row's document start
     const int bh = blockIdx.x, b = bh / H, h = bh % H;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * C::BM;
     const int64_t ldq = (int64_t)H * DQK, ldv = (int64_t)H * DV, tok = (int64_t)b * T * H + h;
@@ -321,13 +359,19 @@ dq_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int qw = warp * 16, wrow0 = q0 + qw;
     const int nkt = (min(T, q0 + C::BM) + C::BN - 1) / C::BN;
+    int j0 = 0;  // the first key tile any row of the block sees
+    if constexpr (DOCS) {
+        if (tid < C::BM)
+            sF[tid] = doc_span(docs, n_docs, b, T, q0 + tid).first;
+        j0 = doc_span(docs, n_docs, b, T, q0).first / C::BN;
+    }
 
     load_rows<C::BM, DQK, DV, C::QS, C::VS, C::THREADS>(sQ, sO, sL, sD, Qg, Og,
                                                         lse + (int64_t)bh * T,
                                                         drow + (int64_t)bh * T, ldq, ldv, q0, T,
                                                         tid);
-    load_tile<C::BN, DQK, C::QS, C::THREADS>(sK, Kg, ldq, 0, T, tid);
-    load_tile<C::BN, DV, C::VS, C::THREADS>(sV, Vg, ldv, 0, T, tid);
+    load_tile<C::BN, DQK, C::QS, C::THREADS>(sK, Kg, ldq, j0 * C::BN, T, tid);
+    load_tile<C::BN, DV, C::VS, C::THREADS>(sV, Vg, ldv, j0 * C::BN, T, tid);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
@@ -343,8 +387,8 @@ dq_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
         for (int e = 0; e < 4; e++)
             dqa[n][e] = 0.0f;
 
-    for (int j = 0; j < nkt; j++) {
-        const int buf = j & 1, k0 = j * C::BN;
+    for (int j = j0; j < nkt; j++) {
+        const int buf = (j - j0) & 1, k0 = j * C::BN;
         if (j + 1 < nkt) {  // every warp passed the barrier that ended its use of buf ^ 1
             const int nb = buf ^ 1;
             load_tile<C::BN, DQK, C::QS, C::THREADS>(sK + nb * C::BN * C::QS, Kg, ldq,
@@ -355,8 +399,9 @@ dq_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
         cp_async_commit();
         const bf16 *tK = sK + buf * C::BN * C::QS, *tV = sV + buf * C::BN * C::VS;
 
-        // Rows all before the tile's keys, or all past T: nothing to add.
-        if (k0 <= wrow0 + 15 && wrow0 < T) {
+        // Rows all before the tile's keys, all past T, or all in documents that begin after
+        // the tile: nothing to add.
+        if (k0 <= wrow0 + 15 && wrow0 < T && (!DOCS || k0 + C::BN > sF[qw])) {
             float s[C::BN / 8][4], dp[C::BN / 8][4];
 #pragma unroll
             for (int n = 0; n < C::BN / 8; n++)
@@ -391,7 +436,8 @@ dq_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
             for (int ks = 0; ks < DV / 16; ks++)
                 dp_step(ks);
             // dS = P (dP - D), P = exp2(S sl2 - lse2), masked to 0.
-            const bool masked = k0 + C::BN - 1 > wrow0 || k0 + C::BN > T || wrow0 + 16 > T;
+            const bool masked = k0 + C::BN - 1 > wrow0 || k0 + C::BN > T || wrow0 + 16 > T ||
+                                (DOCS && k0 < sF[qw + 15]);
 #pragma unroll
             for (int n = 0; n < C::BN / 8; n++)
 #pragma unroll
@@ -399,7 +445,7 @@ dq_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__
                     const int r = qw + g + (e >> 1) * 8, row = q0 + r;
                     const int key = k0 + n * 8 + 2 * t4 + (e & 1);
                     float p = ex2(s[n][e] * sl2 - sL[r]);
-                    if (masked && (key > row || key >= T || row >= T))
+                    if (masked && (key > row || key >= T || row >= T || (DOCS && key < sF[r])))
                         p = 0.0f;
                     s[n][e] = p * (dp[n][e] - sD[r]);
                 }
@@ -451,43 +497,45 @@ __global__ void dq_out_kernel(const float4 *__restrict__ acc, uint2 *__restrict_
     }
 }
 
-template <int DQK, int DV, int NW> int two_pass(cudaStream_t st, const mla_attn *a, k3rt_error *err)
+template <int DQK, int DV, int NW, bool DOCS>
+int two_pass(cudaStream_t st, const mla_attn *a, k3rt_error *err)
 {
-    using KV = BwdKV<DQK, DV, NW, 32, false>;
-    using Q = BwdQ<DQK, DV, NW>;
+    using KV = BwdKV<DQK, DV, NW, 32, false, DOCS>;
+    using Q = BwdQ<DQK, DV, NW, DOCS>;
     const float sl2 = (float)(a->scale * kLog2e), scale = (float)a->scale;
     const unsigned bh = (unsigned)(a->B * a->H);
-    K3RT_TRY(allow_smem(kv_kernel<DQK, DV, NW, 32, false>, KV::SMEM, err));
-    K3RT_TRY(allow_smem(dq_kernel<DQK, DV, NW>, Q::SMEM, err));
-    kv_kernel<DQK, DV, NW, 32, false><<<dim3(bh, (unsigned)((a->T + KV::BN - 1) / KV::BN)),
-                                        KV::THREADS, KV::SMEM, st>>>(
-        (const bf16 *)a->q, (const bf16 *)a->k, (const bf16 *)a->v, (const bf16 *)a->dout,
-        a->lse, a->drow, (bf16 *)a->dk, (bf16 *)a->dv_out, nullptr, (int)a->T, (int)a->H, sl2,
-        scale);
+    K3RT_TRY(allow_smem(kv_kernel<DQK, DV, NW, 32, false, DOCS>, KV::SMEM, err));
+    K3RT_TRY(allow_smem(dq_kernel<DQK, DV, NW, DOCS>, Q::SMEM, err));
+    kv_kernel<DQK, DV, NW, 32, false, DOCS>
+        <<<dim3(bh, (unsigned)((a->T + KV::BN - 1) / KV::BN)), KV::THREADS, KV::SMEM, st>>>(
+            (const bf16 *)a->q, (const bf16 *)a->k, (const bf16 *)a->v, (const bf16 *)a->dout,
+            a->lse, a->drow, (bf16 *)a->dk, (bf16 *)a->dv_out, nullptr, a->docs,
+            (int)a->n_docs, (int)a->T, (int)a->H, sl2, scale);
     MLA_LAUNCHED("mla kv_kernel (dK, dV)");
-    dq_kernel<DQK, DV, NW><<<dim3(bh, (unsigned)((a->T + Q::BM - 1) / Q::BM)), Q::THREADS,
-                             Q::SMEM, st>>>(
+    dq_kernel<DQK, DV, NW, DOCS><<<dim3(bh, (unsigned)((a->T + Q::BM - 1) / Q::BM)), Q::THREADS,
+                                   Q::SMEM, st>>>(
         (const bf16 *)a->q, (const bf16 *)a->k, (const bf16 *)a->v, (const bf16 *)a->dout,
-        a->lse, a->drow, (bf16 *)a->dq, (int)a->T, (int)a->H, sl2, scale);
+        a->lse, a->drow, (bf16 *)a->dq, a->docs, (int)a->n_docs, (int)a->T, (int)a->H, sl2,
+        scale);
     MLA_LAUNCHED("mla dq_kernel");
     return K3RT_OK;
 }
 
-template <int DQK, int DV, int NW, int BM>
+template <int DQK, int DV, int NW, int BM, bool DOCS>
 int one_pass(cudaStream_t st, const mla_attn *a, k3rt_error *err)
 {
-    using KV = BwdKV<DQK, DV, NW, BM, true>;
+    using KV = BwdKV<DQK, DV, NW, BM, true, DOCS>;
     const float sl2 = (float)(a->scale * kLog2e), scale = (float)a->scale;
     const unsigned bh = (unsigned)(a->B * a->H);
     const int64_t n = a->B * a->T * a->H * DQK;  // a multiple of 4: DQK is
-    K3RT_TRY(allow_smem(kv_kernel<DQK, DV, NW, BM, true>, KV::SMEM, err));
+    K3RT_TRY(allow_smem(kv_kernel<DQK, DV, NW, BM, true, DOCS>, KV::SMEM, err));
     MLA_CU_TRY(cudaMemsetAsync(a->dq_acc, 0, (size_t)n * sizeof(float), st),
                "cudaMemsetAsync (the dQ accumulator)");
-    kv_kernel<DQK, DV, NW, BM, true><<<dim3(bh, (unsigned)((a->T + KV::BN - 1) / KV::BN)),
-                                       KV::THREADS, KV::SMEM, st>>>(
-        (const bf16 *)a->q, (const bf16 *)a->k, (const bf16 *)a->v, (const bf16 *)a->dout,
-        a->lse, a->drow, (bf16 *)a->dk, (bf16 *)a->dv_out, a->dq_acc, (int)a->T, (int)a->H,
-        sl2, scale);
+    kv_kernel<DQK, DV, NW, BM, true, DOCS>
+        <<<dim3(bh, (unsigned)((a->T + KV::BN - 1) / KV::BN)), KV::THREADS, KV::SMEM, st>>>(
+            (const bf16 *)a->q, (const bf16 *)a->k, (const bf16 *)a->v, (const bf16 *)a->dout,
+            a->lse, a->drow, (bf16 *)a->dk, (bf16 *)a->dv_out, a->dq_acc, a->docs,
+            (int)a->n_docs, (int)a->T, (int)a->H, sl2, scale);
     MLA_LAUNCHED("mla kv_kernel (dK, dV, atomic dQ)");
     const int64_t n4 = n / 4, blocks = (n4 + 255) / 256;
     dq_out_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(
@@ -506,13 +554,21 @@ constexpr int kBwdWarps = 8;
 // rows spill (88 bytes even with P kept as bf16 and dQ in column slices): 5.97 ms against 5.67.
 constexpr int kRows192 = 32, kRows128 = 64;
 
+// One schedule at DQK, with or without documents (DOCS false has none of their loads and
+// compares).
+template <int DQK, int ROWS>
+int bwd_t(cudaStream_t st, const mla_attn *a, k3rt_error *err)
+{
+    if (a->deterministic)
+        return a->docs ? two_pass<DQK, 128, kBwdWarps, true>(st, a, err)
+                       : two_pass<DQK, 128, kBwdWarps, false>(st, a, err);
+    return a->docs ? one_pass<DQK, 128, kBwdWarps, ROWS, true>(st, a, err)
+                   : one_pass<DQK, 128, kBwdWarps, ROWS, false>(st, a, err);
+}
+
 }  // namespace
 
 int mla_tc_bwd(cudaStream_t st, const mla_attn *a, k3rt_error *err)
 {
-    if (a->deterministic)
-        return a->dqk == 192 ? two_pass<192, 128, kBwdWarps>(st, a, err)
-                             : two_pass<128, 128, kBwdWarps>(st, a, err);
-    return a->dqk == 192 ? one_pass<192, 128, kBwdWarps, kRows192>(st, a, err)
-                         : one_pass<128, 128, kBwdWarps, kRows128>(st, a, err);
+    return a->dqk == 192 ? bwd_t<192, kRows192>(st, a, err) : bwd_t<128, kRows128>(st, a, err);
 }

@@ -19,7 +19,9 @@ static void by_slot(const mla *m, const k3rt_tensor *t, void *out[MLA_N_SLOTS])
         out[s] = m->slot[s] >= 0 ? t[m->slot[s]].data : NULL;
 }
 
-static mla_attn attn_of(const mla *m, void *sv, const mla_layout *L, int64_t B, int64_t T)
+/* The attention core of a call over layout L; docs: the call's doc_offsets (ndim 0: none). */
+static mla_attn attn_of(const mla *m, void *sv, const mla_layout *L, int64_t B, int64_t T,
+                        const k3rt_tensor *docs)
 {
     size_t es = k3rt_dtype_size(m->dtype);
     mla_attn at_;
@@ -33,6 +35,8 @@ static mla_attn attn_of(const mla *m, void *sv, const mla_layout *L, int64_t B, 
     at_.dout = NULL, at_.dq = NULL, at_.dk = NULL, at_.dv_out = NULL, at_.drow = NULL;
     at_.deterministic = 1, at_.dq_acc = NULL;
     at_.kernel = m->kernel;
+    at_.docs = docs->ndim ? docs->data : NULL;
+    at_.n_docs = docs->ndim ? docs->shape[0] - 1 : 0;
     return at_;
 }
 
@@ -85,9 +89,9 @@ int mla_forward_cuda(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
     K3RT_TRY(mla_assemble_cuda(st, dt, SV(q), WS(f_qn), dn, WS(f_qr), dr, 0, N, H, err));
     K3RT_TRY(mla_assemble_cuda(st, dt, SV(k), WS(f_kn), dn, WS(f_kr), dr, 1, N, H, err));
 
-    /* O = causal softmax attention per (b, h); lse kept; per-head max logit on the device
-     * (report_max_logit). */
-    mla_attn core = attn_of(m, sv, &L, B, T);
+    /* O = causal softmax attention per (b, h), within each packed document; lse kept; per-head
+     * max logit on the device (report_max_logit). */
+    mla_attn core = attn_of(m, sv, &L, B, T, &a->doc_offsets);
     core.block_max = m->report_max ? WS(f_max) : NULL;
     K3RT_TRY(mla_attn_fwd_cuda(st, &core, err));
     if (m->report_max) {
@@ -144,7 +148,7 @@ int mla_backward_cuda(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
     }
 
     /* Attention: dQ, dK, dV per (b, h); without `deterministic` dQ sums with atomics. */
-    mla_attn core = attn_of(m, sv, &L, B, T);
+    mla_attn core = attn_of(m, sv, &L, B, T, &a->doc_offsets);
     core.dout = dO, core.dq = WS(b_dq), core.dk = WS(b_dk), core.dv_out = WS(b_dv);
     core.drow = WS(b_drow);
     core.deterministic = a->deterministic;

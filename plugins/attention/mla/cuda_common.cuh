@@ -36,6 +36,37 @@ __device__ __forceinline__ float nan_max(float a, float b)
     return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
 }
 
+// Packed documents (mla_attn.docs, offsets [n + 1] over the B*T tokens): the document of token t
+// of batch row b as [first, end), row-relative, by binary search. Query t sees keys
+// first(t) <= j <= t; key j is seen by queries j <= i < end(j). Without documents (off NULL) the
+// whole row. Offsets on the device are the data loader's promise, unchecked: the span is
+// clamped to the row and to t, so that broken offsets give wrong numbers but no access out of
+// bounds.
+struct doc_span_t {
+    int first, end;
+};
+// The document of token g of the flattened order, in [0, n).
+__device__ __forceinline__ int doc_index(const int *off, int n, int g)
+{
+    int lo = 0, hi = n;  // off[lo] <= g < off[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (off[mid] <= g)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+__device__ __forceinline__ doc_span_t doc_span(const int *off, int n, int b, int T, int t)
+{
+    if (!off)
+        return {0, T};
+    t = min(max(t, 0), T - 1);
+    const int base = b * T, d = doc_index(off, n, base + t);
+    return {min(max(off[d] - base, 0), t), max(min(off[d + 1] - base, T), t + 1)};
+}
+
 // Largest dynamic shared memory a block of the current device may have.
 int mla_smem_limit(int *bytes, k3rt_error *err);
 

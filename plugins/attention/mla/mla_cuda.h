@@ -45,7 +45,12 @@ enum {
  * library (libcudnn.so.9, 9.6 or later) loadable. Its forward cannot give block_max (the max
  * logits QK-clip needs): a forward asked for them runs k3rt's kernels. Its backward uses dq_acc
  * and drow as scratch and is not deterministic, so a deterministic backward always runs k3rt's
- * kernels. The lse of either forward serves either backward. */
+ * kernels. The lse of either forward serves either backward.
+ * Packed documents (docs, not NULL): i32 offsets [n_docs + 1] on the device over the B*T
+ * tokens, as k3rt_fwd_args.doc_offsets (every row start among them); query i then sees the keys
+ * j with doc_start(i) <= j <= i, in the forward, its lse and block_max, and the backward. Only
+ * k3rt's kernels mask documents: auto runs them, and kernel CUDNN is refused (attn.cu says
+ * why). */
 typedef struct mla_attn {
     int dtype;
     int64_t B, T, H, dqk, dv;
@@ -60,6 +65,8 @@ typedef struct mla_attn {
     int deterministic;
     float *dq_acc;
     int kernel;
+    const int32_t *docs;
+    int64_t n_docs;
 } mla_attn;
 
 /* Makes `device` current on the calling thread (the kernels launch on the current device). */

@@ -50,9 +50,9 @@ static const k3rt_option mla_options[] = {
      "input of QK-clip; false lets the CUDA forward run cuDNN, which cannot compute it"},
     {"cuda_kernel", K3RT_OPT_STRING, 0, "\"auto\"", K3RT_RANGE_ANY, "auto|k3rt|cudnn",
      "attention core on CUDA: cudnn = cuDNN's fused attention (bf16, T a multiple of 128, "
-     "report_max_logit false for the forward; libcudnn.so.9 loaded at run time), k3rt = "
-     "k3rt's own kernels, auto = cuDNN where it runs, else k3rt's. A deterministic backward "
-     "always runs k3rt's"},
+     "report_max_logit false for the forward, no packed documents; libcudnn.so.9 loaded at run "
+     "time), k3rt = k3rt's own kernels, auto = cuDNN where it runs, else k3rt's. A "
+     "deterministic backward always runs k3rt's"},
 };
 #define MLA_N_OPTIONS ((uint32_t)(sizeof mla_options / sizeof mla_options[0]))
 
@@ -312,21 +312,12 @@ static void mla_reset_stats(void *self)
 
 /* ---- calls -------------------------------------------------------------------------------- */
 
-#ifdef K3RT_PLUGIN_HAVE_CUDA
-/* Packed documents are masked on the CPU only so far (cpu.inc.c's doc_first). */
-static int no_cuda_documents(k3rt_error *err)
-{
-    return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "mla: packed documents (doc_offsets) run on the "
-                     "CPU only; the CUDA attention has no document mask yet");
-}
-#endif
-
 static int mla_forward(void *self, const k3rt_fwd_args *a, k3rt_error *err)
 {
     mla *m = self;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (m->device != K3RT_DEVICE_CPU)
-        return a->doc_offsets.ndim ? no_cuda_documents(err) : mla_forward_cuda(m, a, err);
+        return mla_forward_cuda(m, a, err);
 #endif
     return m->dtype == K3RT_F32 ? mla_forward_f32(m, a, err) : mla_forward_f64(m, a, err);
 }
@@ -336,7 +327,7 @@ static int mla_backward(void *self, const k3rt_bwd_args *a, k3rt_error *err)
     mla *m = self;
 #ifdef K3RT_PLUGIN_HAVE_CUDA
     if (m->device != K3RT_DEVICE_CPU)
-        return a->doc_offsets.ndim ? no_cuda_documents(err) : mla_backward_cuda(m, a, err);
+        return mla_backward_cuda(m, a, err);
 #endif
     return m->dtype == K3RT_F32 ? mla_backward_f32(m, a, err) : mla_backward_f64(m, a, err);
 }
