@@ -2,14 +2,12 @@
 // SiLU (+ per-head L2 norm) forward and backward, the safe forget gate, the output gate, and the
 // fixed-order partial sums behind their parameter gradients.
 //
-// Tiling. The conv kernels give one warp to a (token, head) pair: a head's hd in {32, 64, 128}
-// channels are hd / 32 per lane, so the L2 norm's sum over the head is one warp reduction, and
-// a lane reads W input rows of its channels (the W - 1 earlier ones come from L1 / L2: each
-// input row is read by W tokens). The input gradient and the gate give a thread to an element;
-// parameter gradients sum KDA_CU_SUM_ROWS tokens per block into partials, then one pass adds
-// the partials in block order. All of these are bound by memory traffic: the forward conv
-// reads u (W times, mostly from cache) and writes out once; none does more than a few FLOPs per
-// byte.
+// Tiling. The conv kernels give a thread 8 channels of 16 tokens (the section below says how
+// the backward does everything in one pass); the gate forward and the output gate give a
+// thread 8 elements, the gate backward one. Parameter gradients sum KDA_CU_SUM_ROWS tokens per
+// block into partials, then one pass adds the partials in block order. All of these are bound
+// by memory traffic: none does more than a few FLOPs per byte, so each reads its inputs once
+// (a conv's W - 1 earlier rows come again from L1) and writes its outputs once.
 #include <math.h>
 
 #include "common.cuh"
