@@ -26,6 +26,8 @@ int cuda_gemm_strided_batched(k3rt_stream *s, int dtype, int trans_a, int trans_
                               int64_t stride_c, int64_t batch, k3rt_error *err);
 int cuda_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void *w, const void *bias,
                     void *y, int64_t n, int64_t in, int64_t out, k3rt_error *err);
+int cuda_linear_fwd_f32(k3rt_stream *s, int dtype, const void *x, const void *w, float *y,
+                        int64_t n, int64_t in, int64_t out, k3rt_error *err);
 int cuda_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void *w, const void *dy,
                     void *dx, void *dw, void *db, int64_t n, int64_t in, int64_t out,
                     int accumulate_dx, k3rt_error *err);

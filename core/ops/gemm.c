@@ -146,6 +146,16 @@ int k3rt_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void *w, con
     return K3RT_OK;
 }
 
+int k3rt_linear_fwd_f32(k3rt_stream *s, int dtype, const void *x, const void *w, float *y,
+                        int64_t n, int64_t in, int64_t out, k3rt_error *err)
+{
+    OPS_ON_CUDA(s, "linear_fwd_f32", cuda_linear_fwd_f32(s, dtype, x, w, y, n, in, out, err));
+    if (dtype != K3RT_F32)
+        return k3rt_fail(err, K3RT_ERR_UNSUPPORTED, "linear_fwd_f32: on the CPU the inputs are "
+                         "f32, got %s", k3rt_dtype_name(dtype));
+    return k3rt_linear_fwd(s, dtype, x, w, NULL, y, n, in, out, err);
+}
+
 int k3rt_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void *w, const void *dy,
                     void *dx, void *dw, void *db, int64_t n, int64_t in, int64_t out,
                     int accumulate_dx, k3rt_error *err)

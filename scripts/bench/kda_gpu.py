@@ -16,8 +16,8 @@ gradients (both bf16, so ~1e-2 is agreement), and with --profile the time of eac
                                    [--json OUT.json] [--profile]
   python3 scripts/bench/kda_gpu.py --layer BIN --plugin SO [--layer-shape B,T]... [--no-fla]
 
---layer times the whole layer instead: k3rt's plugin through the driver BIN (bench_kda_layer,
-plugins/attention/kda/cuda/bench_layer.c: the host's rig, CUDA events, the median) against
+--layer times the whole layer instead: k3rt's plugin through the driver BIN (bench_layer,
+scripts/bench/layer_bench.c: the host's rig, CUDA events, the median) against
 fla's KimiDeltaAttention configured like K3-mini's KDA layers (d_model 1024, 8 heads x 128,
 conv 4, safe gate with lower bound -5, full-rank output gate: fla's low-rank g_proj replaced by
 one bias-free [1024 -> 1024] linear), bf16, training mode; forward alone (no autograd graph) and
@@ -164,7 +164,7 @@ def layer_bench(a):
                "--warmup", str(a.warmup)]
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if p.returncode != 0:
-            sys.exit(f"bench_kda_layer failed ({p.returncode}): {p.stderr.strip()}")
+            sys.exit(f"bench_layer failed ({p.returncode}): {p.stderr.strip()}")
         r = {"B": B, "T": T, **{"k3rt_" + k: v for k, v in json.loads(p.stdout).items()}}
         print(f"B{B} T{T}: k3rt layer fwd {r['k3rt_fwd_ms']:.3f} ms, f+b "
               f"{r['k3rt_fwdbwd_ms']:.3f} ms (saved {r['k3rt_saved_bytes'] / 2**20:.0f} MiB, "
@@ -223,7 +223,7 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-fla", action="store_true", help="time k3rt alone")
-    ap.add_argument("--layer", default=None, help="bench_kda_layer: time the whole layer")
+    ap.add_argument("--layer", default=None, help="bench_layer: time the whole layer")
     ap.add_argument("--plugin", default=None, help="libk3rt_kda.so (with --layer)")
     ap.add_argument("--layer-shape", action="append", default=[])
     a = ap.parse_args()

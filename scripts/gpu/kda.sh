@@ -4,7 +4,7 @@
 # optionally under compute-sanitizer at small T, and the benchmarks against
 # flash-linear-attention (scripts/bench/kda_gpu.py: the recurrence, and with --layer the whole
 # layer). Builds nothing: the build machine fills DIR with
-#   bin/gpu_test_kda_cuda, bin/gpu_test_kda_layer, bin/k3rt, bin/bench_kda_layer,
+#   bin/gpu_test_kda_cuda, bin/gpu_test_kda_layer, bin/k3rt, bin/bench_layer,
 #   lib/libk3rt.so.2, lib/libk3rt_engine.so.2, lib/libk3rt_kda_cuda_bench.so (the core bench),
 #   plugins/libk3rt_kda.so,
 #   libs/ (liblua5.4, libjansson, libsubunit, OpenBLAS + libgfortran, libquadmath, libgomp:
@@ -106,7 +106,7 @@ fi
 if want layerbench; then
     left=$(( BUDGET - ($(date +%s) - START) )); [ $left -gt 30 ] || left=30
     PYTHONPATH="$FLA:$DIR/bench${PYTHONPATH:+:$PYTHONPATH}" K3RT_BENCH_LD_LIBRARY_PATH=$LIBPATH \
-        timeout $left python3 "$DIR/bench/kda_gpu.py" --layer "$DIR/bin/bench_kda_layer" \
+        timeout $left python3 "$DIR/bench/kda_gpu.py" --layer "$DIR/bin/bench_layer" \
         --plugin "$DIR/plugins/libk3rt_kda.so" ${KDA_LAYER_ARGS:-} --json "$LOGS/kda_layer.json" \
         2>&1 | tee "$LOGS/kda_layer_bench.log" | grep -v Warning
     [ "${PIPESTATUS[0]}" = 0 ] || status=1

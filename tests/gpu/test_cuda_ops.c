@@ -291,6 +291,28 @@ START_TEST(linear_vs_cpu)
 }
 END_TEST
 
+/* The f32-output forward (a router's scores): bf16 or f32 inputs, f32 out, against the f64
+ * product of the same (rounded) values at f32's tolerance, into a poisoned output. */
+START_TEST(linear_fwd_f32_vs_cpu)
+{
+    k3rt_error err = {0};
+    const int64_t shapes[][3] = {{1, 8, 8}, {37, 24, 16}, {300, 1024, 64}, {100, 64, 257}};
+    for (int d = 0; d < 2; d++)
+        for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+            const int64_t n = shapes[c][0], in = shapes[c][1], out = shapes[c][2];
+            darr x = rnd(DT[d], n * in, 1.0), w = rnd(DT[d], out * in, 0.2);
+            darr y = poisoned(K3RT_F32, n * out);
+            double *yr = calloc((size_t)(n * out), sizeof *yr);
+            TU_OK(k3rt_linear_fwd(H, K3RT_F64, x.ref, w.ref, NULL, yr, n, in, out, &err), err);
+            TU_OK(k3rt_linear_fwd_f32(G, DT[d], x.dev, w.dev, (float *)y.dev, n, in, out, &err),
+                  err);
+            expect_close("linear_fwd_f32 y", yr, &y);
+            free(yr);
+            drop(&x), drop(&w), drop(&y);
+        }
+}
+END_TEST
+
 START_TEST(grouped_linear_vs_cpu)
 {
     k3rt_error err = {0};
@@ -1032,6 +1054,7 @@ static Suite *suite(void)
     tcase_add_test(t, gemm_batched_vs_cpu);
     tcase_add_test(t, gemm_into_vs_cpu);
     tcase_add_test(t, linear_vs_cpu);
+    tcase_add_test(t, linear_fwd_f32_vs_cpu);
     tcase_add_test(t, grouped_linear_vs_cpu);
     tcase_add_test(t, rmsnorm_vs_cpu);
     tcase_add_test(t, embedding_vs_cpu);

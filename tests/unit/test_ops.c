@@ -449,6 +449,31 @@ START_TEST(gemm_into_matches_in_place)
 }
 END_TEST
 
+/* On the CPU the f32-output linear is the f32 linear, and other input dtypes are refused with
+ * the op's name rather than read as f32. */
+START_TEST(linear_fwd_f32_on_cpu)
+{
+    enum { N = 9, IN = 13, OUT = 5 };
+    float x[N * IN], w[OUT * IN], y[N * OUT], ref[N * OUT];
+    double xd[N * IN], wd[OUT * IN];
+    k3rt_error err = {0};
+    tu_randn(xd, N * IN, 1.0, 50);
+    tu_randn(wd, OUT * IN, 0.3, 51);
+    for (int i = 0; i < N * IN; i++)
+        x[i] = (float)xd[i];
+    for (int i = 0; i < OUT * IN; i++)
+        w[i] = (float)wd[i];
+    for (int i = 0; i < N * OUT; i++)
+        y[i] = NAN;
+    TU_OK(k3rt_linear_fwd(S, K3RT_F32, x, w, NULL, ref, N, IN, OUT, &err), err);
+    TU_OK(k3rt_linear_fwd_f32(S, K3RT_F32, x, w, y, N, IN, OUT, &err), err);
+    ck_assert(memcmp(y, ref, sizeof y) == 0);
+    ck_assert_int_eq(k3rt_linear_fwd_f32(S, K3RT_BF16, x, w, y, N, IN, OUT, &err),
+                     K3RT_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "linear_fwd_f32") && strstr(err.msg, "bf16"), "%s", err.msg);
+}
+END_TEST
+
 int main(void)
 {
     S = tu_cpu_stream(2);
@@ -466,6 +491,7 @@ int main(void)
     tcase_add_test(tc, float_matches_double_and_threads_do_not_change_bits);
     tcase_add_test(tc, gemm_split_matches_one_thread);
     tcase_add_test(tc, gemm_into_matches_in_place);
+    tcase_add_test(tc, linear_fwd_f32_on_cpu);
     tcase_add_test(tc, dtype_conversions);
     tcase_add_test(tc, adamw_step_matches_formula);
     suite_add_tcase(s, tc);

@@ -25,10 +25,11 @@ int check_dtype(const char *op, int dtype, k3rt_error *err)
 
 // y(rows,out) = x W^T [+ bias]
 int fwd_product(cuda_stream_ctx *ctx, int dtype, const void *x, const void *w, const void *bias,
-                void *y, int64_t rows, int64_t in, int64_t out, k3rt_error *err)
+                void *y, int64_t rows, int64_t in, int64_t out, k3rt_error *err,
+                int y_dtype = -1)
 {
-    cu_matmul mm = {0, 1, rows, out, in, dtype, dtype, x, in, 0, w, in, 0, y, out, 0, 1,
-                    1.0, 0.0, bias, nullptr};
+    cu_matmul mm = {0, 1, rows, out, in, dtype, y_dtype < 0 ? dtype : y_dtype, x, in, 0, w, in,
+                    0, y, out, 0, 1, 1.0, 0.0, bias, nullptr};
     return cu_matmul_run(ctx, mm, err);
 }
 
@@ -69,6 +70,16 @@ extern "C" int cuda_linear_fwd(k3rt_stream *s, int dtype, const void *x, const v
     cuda_stream_ctx *ctx;
     K3RT_TRY(cu_enter(s, &ctx, err));
     return fwd_product(ctx, dtype, x, w, bias, y, n, in, out, err);
+}
+
+extern "C" int cuda_linear_fwd_f32(k3rt_stream *s, int dtype, const void *x, const void *w,
+                                   float *y, int64_t n, int64_t in, int64_t out, k3rt_error *err)
+{
+    K3RT_TRY(check_dtype("linear_fwd_f32", dtype, err));
+    K3RT_TRY(check_sizes("linear_fwd_f32", n, in, out, err));
+    cuda_stream_ctx *ctx;
+    K3RT_TRY(cu_enter(s, &ctx, err));
+    return fwd_product(ctx, dtype, x, w, nullptr, y, n, in, out, err, K3RT_F32);
 }
 
 extern "C" int cuda_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void *w,

@@ -4,9 +4,10 @@
  * plugin's kernels (cuda/lmoe_cuda.h).
  *
  * Precision: under bf16 the activations, weights and activation gradients are bf16 and the
- * parameter gradients f32 (the run's bf16 mode); the router is an fp32 GEMM on the bf16 values
- * (x and W_r cast to f32, exact), so scores, the selection, the gates and their gradients are
- * f32 on every run, and a near-tie routes as it does on the CPU. The router's backward product
+ * parameter gradients f32 (the run's bf16 mode); the router's product writes f32 scores from
+ * the bf16 x and W_r (k3rt_linear_fwd_f32: exact products, fp32 sums on tensor cores, as an
+ * fp32 GEMM of the widened values would give up to the order of the sums), so scores, the
+ * selection, the gates and their gradients are f32 on every run. The router's backward product
  * takes dz rounded to bf16 (its weight gradient accumulates in fp32).
  *
  * Host reads: under bf16 with latent and expert widths multiples of 8 (<= 1024 experts) none:
@@ -42,7 +43,7 @@ typedef struct cu_layout {
     int64_t s, sel, pos, src, p, counts, offsets, bias, c, g, u, act, ye, U, rstd, nrm, sg, su, sa;
     int64_t saved;
     /* forward scratch */
-    int64_t x32, w32, sort, xe, fwd;
+    int64_t sort, xe, fwd;
     /* backward scratch */
     int64_t dn, dU, dp, dye, da, dg, du, xe_b, dc, dz, dz16, dsa, dsg, dsu, bwd;
     int64_t workspace;
@@ -83,8 +84,6 @@ static void layout_make(const latent_moe *f, int64_t N, cu_layout *L)
     L->saved = at;
 
     at = 0;
-    L->x32 = take(&at, bf ? N * f->d * 4 : 0);
-    L->w32 = take(&at, bf ? E * f->d * 4 : 0);
     L->sort = take(&at, lmoe_cu_dispatch_scratch(R, E));
     L->xe = take(&at, R * l * es);
     L->fwd = at;
@@ -214,20 +213,13 @@ static int experts_bwd(const latent_moe *f, k3rt_stream *st, const expert_offset
                                        in, out, acc, err);
 }
 
-/* s = sigmoid(x W_r^T) in f32: under bf16 x and W_r are widened first (exactly). */
-static int router_fwd(const latent_moe *f, const k3rt_fwd_args *a, const cu_layout *L,
-                      char *ws, float *s, k3rt_error *err)
+/* s = sigmoid(x W_r^T) in f32 from inputs of the compute dtype. */
+static int router_fwd(const latent_moe *f, const k3rt_fwd_args *a, float *s, k3rt_error *err)
 {
     k3rt_stream *st = a->stream;
-    int64_t N = a->batch * a->seq, d = f->d, E = f->E;
-    const void *x = a->x.data, *w = P(LMOE_ROUTER);
-    if (f->dtype == K3RT_BF16) {
-        K3RT_TRY(k3rt_cast(st, x, K3RT_BF16, ws + L->x32, K3RT_F32, N * d, err));
-        K3RT_TRY(k3rt_cast(st, w, K3RT_BF16, ws + L->w32, K3RT_F32, E * d, err));
-        x = ws + L->x32, w = ws + L->w32;
-    }
-    K3RT_TRY(k3rt_linear_fwd(st, K3RT_F32, x, w, NULL, s, N, d, E, err));
-    return k3rt_act_fwd(st, K3RT_F32, K3RT_ACT_SIGMOID, s, s, N * E, err);
+    int64_t N = a->batch * a->seq;
+    K3RT_TRY(k3rt_linear_fwd_f32(st, f->dtype, a->x.data, P(LMOE_ROUTER), s, N, f->d, f->E, err));
+    return k3rt_act_fwd(st, K3RT_F32, K3RT_ACT_SIGMOID, s, s, N * f->E, err);
 }
 
 int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
@@ -264,7 +256,7 @@ int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
                              (size_t)E * sizeof(float), err));
     else
         K3RT_TRY(k3rt_memset(st, bias, f->device, 0, (size_t)E * sizeof(float), err));
-    K3RT_TRY(router_fwd(f, a, &L, ws, s, err));
+    K3RT_TRY(router_fwd(f, a, s, err));
     K3RT_TRY(lmoe_cu_route(cs, s, bias, N, E, k, f->renormalize, f->rscale, sel, p, err));
     K3RT_TRY(lmoe_cu_dispatch(cs, sel, R, E, ws + L.sort, counts, offsets, pos, src, err));
 

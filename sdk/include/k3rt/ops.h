@@ -58,6 +58,12 @@ K3RT_API int k3rt_gemm_strided_batched_into(k3rt_stream *s, int dtype, int trans
 K3RT_API int k3rt_linear_fwd(k3rt_stream *s, int dtype, const void *x, const void *w,
                              const void *bias, void *y, int64_t n, int64_t in, int64_t out,
                              k3rt_error *err);
+/* y(n,out) = x(n,in) @ W^T written in f32 whatever the input dtype: under bf16 the products of
+ * bf16 values are exact in fp32 and the sum runs in fp32 (tensor cores on CUDA), which is what
+ * widening x and W to f32 first would compute, without the two casts or the f32 product. On the
+ * CPU dtype must be f32 (then it is k3rt_linear_fwd). A router's scores use it. */
+K3RT_API int k3rt_linear_fwd_f32(k3rt_stream *s, int dtype, const void *x, const void *w,
+                                 float *y, int64_t n, int64_t in, int64_t out, k3rt_error *err);
 /* dx(n,in) (=|+=) dy @ W ; dW(out,in) += dy^T @ x ; db(out) += sum_rows dy. dx, dw, db may be
  * NULL to skip them. */
 K3RT_API int k3rt_linear_bwd(k3rt_stream *s, int dtype, const void *x, const void *w,

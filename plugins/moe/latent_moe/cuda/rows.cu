@@ -1,68 +1,99 @@
 // Rows between token order and expert-grouped order (lmoe_cuda.h), and the router's backward.
-// One block per token (or per grouped row for the gather); every sum over slots runs in slot
-// order and the dot products of the combine's backward reduce in a fixed tree, so the results
-// do not depend on scheduling: this is the deterministic combine, and the only one.
+// A warp owns a row (a token, or a grouped row for the gather) and a lane moves 16 bytes at a
+// time (8 bf16 or 4 f32) where the row width allows it, else one element: these kernels only
+// move memory, and 2-byte accesses left them at a third of the copy bandwidth. Every sum over
+// slots runs in slot order and the combine's backward dot products reduce in a fixed shuffle
+// tree, so the results do not depend on scheduling: this is the deterministic combine, and the
+// only one.
 #include "common.cuh"
 
 namespace lmcu {
 
-constexpr int ROW_THREADS = 128;
+constexpr int ROW_THREADS = 256, WARP = 32, ROWS_PER_BLOCK = ROW_THREADS / WARP;
+constexpr int ROUTER_THREADS = 128;  // a token's E scores, a thread per expert
 
-template <typename T>
-__global__ void gather_kernel(const T *c, const int32_t *src, int64_t k, int64_t l, T *xe)
+template <typename T, int V> struct alignas(sizeof(T) * V) vec {
+    T v[V];
+};
+
+__device__ __forceinline__ int64_t warp_row()
 {
-    const int64_t row = blockIdx.x, t = src[row] / k;
-    for (int64_t i = threadIdx.x; i < l; i += blockDim.x)
-        xe[row * l + i] = c[t * l + i];
+    return (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
 }
 
-template <typename T>
-__global__ void combine_kernel(const T *ye, const int32_t *pos, const float *w, int64_t k,
-                               int64_t l, T *U)
+__device__ __forceinline__ int lane() { return (int)(threadIdx.x % WARP); }
+
+template <typename T, int V>
+__global__ void gather_kernel(const T *c, const int32_t *src, int64_t R, int64_t k, int64_t l,
+                              T *xe)
 {
-    const int64_t t = blockIdx.x;
-    for (int64_t i = threadIdx.x; i < l; i += blockDim.x) {
-        float acc = 0.0f;
+    const int64_t row = warp_row();
+    if (row >= R)
+        return;
+    const vec<T, V> *from = (const vec<T, V> *)(c + (int64_t)(src[row] / k) * l);
+    vec<T, V> *to = (vec<T, V> *)(xe + row * l);
+    for (int64_t i = lane(); i < l / V; i += WARP)
+        to[i] = from[i];
+}
+
+template <typename T, int V>
+__global__ void combine_kernel(const T *ye, const int32_t *pos, const float *w, int64_t N,
+                               int64_t k, int64_t l, T *U)
+{
+    const int64_t t = warp_row();
+    if (t >= N)
+        return;
+    for (int64_t i = lane(); i < l / V; i += WARP) {
+        float acc[V];
+        for (int e = 0; e < V; e++)
+            acc[e] = 0.0f;
         for (int64_t j = 0; j < k; j++) {
-            float y = to_f(ye[(int64_t)pos[t * k + j] * l + i]);
-            acc += w ? w[t * k + j] * y : y;
+            const vec<T, V> y = ((const vec<T, V> *)(ye + (int64_t)pos[t * k + j] * l))[i];
+            const float wj = w ? w[t * k + j] : 1.0f;
+            for (int e = 0; e < V; e++)
+                acc[e] += wj * to_f(y.v[e]);
         }
-        U[t * l + i] = from_f<T>(acc);
+        vec<T, V> out;
+        for (int e = 0; e < V; e++)
+            out.v[e] = from_f<T>(acc[e]);
+        ((vec<T, V> *)(U + t * l))[i] = out;
     }
 }
 
-// A fixed-shape tree over the block's partial sums.
-__device__ float block_sum(float v, float *red)
+// The warp's sum in a fixed butterfly: the same bits on every run.
+__device__ __forceinline__ float warp_sum(float v)
 {
-    red[threadIdx.x] = v;
-    __syncthreads();
-    for (int h = ROW_THREADS / 2; h > 0; h >>= 1) {
-        if ((int)threadIdx.x < h)
-            red[threadIdx.x] += red[threadIdx.x + h];
-        __syncthreads();
-    }
-    float r = red[0];
-    __syncthreads();
-    return r;
+    for (int h = WARP / 2; h > 0; h >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, h);
+    return v;
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void combine_bwd_kernel(const T *dU, const T *ye, const int32_t *pos, const float *p,
-                                   int64_t k, int64_t l, float *dp, T *dye)
+                                   int64_t N, int64_t k, int64_t l, float *dp, T *dye)
 {
-    __shared__ float red[ROW_THREADS];
-    const int64_t t = blockIdx.x;
+    const int64_t t = warp_row();
+    if (t >= N)
+        return;
+    const vec<T, V> *g = (const vec<T, V> *)(dU + t * l);
     for (int64_t j = 0; j < k; j++) {
         const int64_t row = pos[t * k + j];
         const float w = p[t * k + j];
+        const vec<T, V> *y = (const vec<T, V> *)(ye + row * l);
+        vec<T, V> *dy = (vec<T, V> *)(dye + row * l);
         float dot = 0.0f;
-        for (int64_t i = threadIdx.x; i < l; i += blockDim.x) {
-            float g = to_f(dU[t * l + i]);
-            dot += g * to_f(ye[row * l + i]);
-            dye[row * l + i] = from_f<T>(w * g);
+        for (int64_t i = lane(); i < l / V; i += WARP) {
+            const vec<T, V> gv = g[i], yv = y[i];
+            vec<T, V> out;
+            for (int e = 0; e < V; e++) {
+                const float ge = to_f(gv.v[e]);
+                dot += ge * to_f(yv.v[e]);
+                out.v[e] = from_f<T>(w * ge);
+            }
+            dy[i] = out;
         }
-        dot = block_sum(dot, red);
-        if (threadIdx.x == 0)
+        dot = warp_sum(dot);
+        if (lane() == 0)
             dp[t * k + j] = dot;
     }
 }
@@ -104,27 +135,44 @@ __global__ void router_bwd_kernel(const float *s, const int32_t *sel, const floa
     }
 }
 
+// Launches a warp-per-row kernel over `rows` rows of width l, with 16-byte vectors when every
+// row of every operand starts 16-byte aligned (l a multiple of the vector, aligned bases).
+#define ROWS_LAUNCH(kernel, T, rows, l, aligned, ...)                                         \
+    do {                                                                                     \
+        constexpr int V16 = 16 / (int)sizeof(T);                                             \
+        const unsigned g_ = (unsigned)(((rows) + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);       \
+        if ((l) % V16 == 0 && (aligned))                                                     \
+            kernel<T, V16><<<g_, ROW_THREADS, 0, st>>>(__VA_ARGS__);                         \
+        else                                                                                 \
+            kernel<T, 1><<<g_, ROW_THREADS, 0, st>>>(__VA_ARGS__);                           \
+    } while (0)
+
+static bool aligned16(const void *a, const void *b, const void *c = nullptr)
+{
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
+}
+
 template <typename T> static void gather(cudaStream_t st, const void *c, const int32_t *src,
                                          int64_t R, int64_t k, int64_t l, void *xe)
 {
-    gather_kernel<T><<<blocks(R), ROW_THREADS, 0, st>>>((const T *)c, src, k, l, (T *)xe);
+    ROWS_LAUNCH(gather_kernel, T, R, l, aligned16(c, xe), (const T *)c, src, R, k, l, (T *)xe);
 }
 
 template <typename T> static void combine(cudaStream_t st, const void *ye, const int32_t *pos,
                                           const float *w, int64_t N, int64_t k, int64_t l,
                                           void *U)
 {
-    combine_kernel<T><<<blocks(N), ROW_THREADS, 0, st>>>((const T *)ye, pos, w, k, l, (T *)U);
+    ROWS_LAUNCH(combine_kernel, T, N, l, aligned16(ye, U), (const T *)ye, pos, w, N, k, l,
+                (T *)U);
 }
 
 template <typename T> static void combine_bwd(cudaStream_t st, const void *dU, const void *ye,
                                               const int32_t *pos, const float *p, int64_t N,
                                               int64_t k, int64_t l, float *dp, void *dye)
 {
-    combine_bwd_kernel<T><<<blocks(N), ROW_THREADS, 0, st>>>((const T *)dU, (const T *)ye, pos,
-                                                             p, k, l, dp, (T *)dye);
+    ROWS_LAUNCH(combine_bwd_kernel, T, N, l, aligned16(dU, ye, dye), (const T *)dU,
+                (const T *)ye, pos, p, N, k, l, dp, (T *)dye);
 }
-
 static int check_dtype(int dtype, k3rt_error *err)
 {
     if (dtype == K3RT_F32 || dtype == K3RT_BF16)
@@ -181,7 +229,7 @@ extern "C" int lmoe_cu_router_bwd(void *stream, const float *s, const int32_t *s
 {
     if (N < 1)
         return K3RT_OK;
-    router_bwd_kernel<<<blocks(N), ROW_THREADS, 0, (cudaStream_t)stream>>>(
+    router_bwd_kernel<<<blocks(N), ROUTER_THREADS, 0, (cudaStream_t)stream>>>(
         s, sel, dp, d_scores, (int)E, (int)k, renormalize, (float)rscale, dz);
     LMOE_LAUNCHED("router_bwd_kernel");
     return K3RT_OK;

@@ -1,12 +1,17 @@
-/* The kda plugin's whole layer on CUDA, timed as a run drives it (through the host's rig):
- * forward, and forward + backward, CUDA events around each call, the median of --runs after
- * --warmup. scripts/bench/kda_gpu.py --layer runs it next to fla's KimiDeltaAttention.
+/* One plugin's whole layer on CUDA (an attention or an FFN), timed as a run drives it (through
+ * the host's rig): forward, and forward + backward, CUDA events around each call, the median of
+ * --runs after --warmup. scripts/bench/kda_gpu.py --layer runs it next to fla's
+ * KimiDeltaAttention, scripts/bench/moe_layer.py next to a PyTorch LatentMoE.
  *
- *   bench_kda_layer --plugin PATH --config JSON --batch B --seq T --d-model D
- *                   [--dtype bf16|f32] [--runs N] [--warmup N]
+ *   bench_layer --plugin PATH --config JSON --batch B --seq T --d-model D
+ *               [--dtype bf16|f32] [--runs N] [--warmup N] [--skew A]
  *
+ * --skew A (a routed FFN whose config names its "experts" E): the selection bias
+ * -A ln(1 + e) for expert e, so that routing favours low ids (A = 0: none); the routing counts
+ * of the last forward are reported as max_over_mean.
  * Prints one JSON object: {"fwd_ms": .., "fwdbwd_ms": .., "saved_bytes": .., "workspace_bytes": ..}.
  * Parameters are drawn by their declared init (as a run starts); x and dy ~ N(0, 1). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +27,7 @@
     do {                                                                                        \
         int rc_ = (call);                                                                       \
         if (rc_) {                                                                              \
-            fprintf(stderr, "bench_kda_layer: %s: %s\n", #call, err.msg);                       \
+            fprintf(stderr, "bench_layer: %s: %s\n", #call, err.msg);                       \
             return 1;                                                                           \
         }                                                                                       \
     } while (0)
@@ -30,7 +35,7 @@
     do {                                                                                        \
         cudaError_t e_ = (call);                                                                \
         if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "bench_kda_layer: %s: %s\n", #call, cudaGetErrorString(e_));        \
+            fprintf(stderr, "bench_layer: %s: %s\n", #call, cudaGetErrorString(e_));        \
             return 1;                                                                           \
         }                                                                                       \
     } while (0)
@@ -63,6 +68,7 @@ int main(int argc, char **argv)
     const char *plugin = NULL, *config = "{}", *dname = "bf16";
     int64_t B = 1, T = 4096, d = 1024;
     int runs = 20, warmup = 3;
+    double skew = 0.0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--plugin")) plugin = v;
@@ -73,14 +79,15 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--dtype")) dname = v;
         else if (!strcmp(k, "--runs")) runs = atoi(v);
         else if (!strcmp(k, "--warmup")) warmup = atoi(v);
+        else if (!strcmp(k, "--skew")) skew = atof(v);
         else {
-            fprintf(stderr, "bench_kda_layer: unknown argument %s\n", k);
+            fprintf(stderr, "bench_layer: unknown argument %s\n", k);
             return 2;
         }
     }
     if (!plugin || runs < 1 || runs > 1000) {
-        fprintf(stderr, "usage: bench_kda_layer --plugin PATH --config JSON --batch B --seq T "
-                        "--d-model D [--dtype bf16|f32] [--runs N] [--warmup N]\n");
+        fprintf(stderr, "usage: bench_layer --plugin PATH --config JSON --batch B --seq T "
+                        "--d-model D [--dtype bf16|f32] [--runs N] [--warmup N] [--skew A]\n");
         return 2;
     }
     int dtype = !strcmp(dname, "f32") ? K3RT_F32 : K3RT_BF16;
@@ -94,7 +101,7 @@ int main(int argc, char **argv)
     json_error_t je;
     json_t *cfg = json_loads(config, 0, &je);
     if (!cfg) {
-        fprintf(stderr, "bench_kda_layer: --config: %s\n", je.text);
+        fprintf(stderr, "bench_layer: --config: %s\n", je.text);
         return 2;
     }
     k3rt_create_args a;
@@ -130,7 +137,7 @@ int main(int argc, char **argv)
     void *y = k3rt_alloc(0, (size_t)n * k3rt_dtype_size(dtype), &err);
     void *dx = k3rt_alloc(0, (size_t)n * k3rt_dtype_size(dtype), &err);
     if (!x || !dy || !y || !dx) {
-        fprintf(stderr, "bench_kda_layer: out of device memory: %s\n", err.msg);
+        fprintf(stderr, "bench_layer: out of device memory: %s\n", err.msg);
         return 1;
     }
     k3rt_fwd_args f;
@@ -143,6 +150,27 @@ int main(int argc, char **argv)
     b.x = f.x;
     b.dy = k3rt_tensor_view(dy, dtype, 0, 3, B, T, d, 0);
     b.dx = k3rt_tensor_view(dx, dtype, 0, 3, B, T, d, 0);
+    /* a routed FFN: the bias that skews its selection, and the counts it reports */
+    json_t *je_n = json_object_get(cfg, "experts");
+    const int64_t E = json_is_integer(je_n) ? json_integer_value(je_n) : 0;
+    k3rt_routing routing;
+    memset(&routing, 0, sizeof routing);
+    void *db = NULL;
+    if (E > 0) {
+        float *hb = malloc((size_t)E * sizeof *hb);
+        db = k3rt_alloc(0, (size_t)E * sizeof *hb, &err);
+        if (!hb || !db) {
+            fprintf(stderr, "bench_layer: out of memory for the bias: %s\n", err.msg);
+            return 1;
+        }
+        for (int64_t i = 0; i < E; i++)
+            hb[i] = (float)(-skew * log1p((double)i));
+        CHECK(k3rt_memcpy(s, db, 0, hb, K3RT_DEVICE_CPU, (size_t)E * sizeof *hb, &err));
+        CHECK(k3rt_stream_sync(s, &err));
+        free(hb);
+        f.bias = k3rt_tensor_view(db, K3RT_F32, 0, 1, E, 0, 0, 0);
+        f.routing = &routing;
+    }
     cudaStream_t st = k3rt_stream_native(s);
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
@@ -163,15 +191,28 @@ int main(int argc, char **argv)
         }
     qsort(t_f, (size_t)runs, sizeof *t_f, cmp);
     qsort(t_fb, (size_t)runs, sizeof *t_fb, cmp);
+    double max_over_mean = 0.0;
+    if (E > 0 && routing.counts.ndim == 1) {
+        int64_t *counts = malloc((size_t)E * sizeof *counts), total = 0, most = 0;
+        CHECK(k3rt_memcpy(s, counts, K3RT_DEVICE_CPU, routing.counts.data, 0,
+                          (size_t)E * sizeof *counts, &err));
+        CHECK(k3rt_stream_sync(s, &err));
+        for (int64_t i = 0; i < E; i++)
+            total += counts[i], most = counts[i] > most ? counts[i] : most;
+        max_over_mean = total > 0 ? (double)most * (double)E / (double)total : 0.0;
+        free(counts);
+    }
     k3rt_flops fl;
     CHECK(rig_flops(&r, B, T, &fl, &err));
     printf("{\"fwd_ms\": %.4f, \"fwdbwd_ms\": %.4f, \"fwd_min_ms\": %.4f, \"fwdbwd_min_ms\": "
            "%.4f, \"flops_fwd\": %.6g, \"flops_bwd\": %.6g, \"saved_bytes\": %lld, "
-           "\"workspace_bytes\": %lld}\n",
+           "\"workspace_bytes\": %lld, \"max_over_mean\": %.4f}\n",
            t_f[runs / 2], t_fb[runs / 2], t_f[0], t_fb[0], fl.forward, fl.backward,
-           (long long)saved, (long long)r.mem.workspace_bytes);
+           (long long)saved, (long long)r.mem.workspace_bytes, max_over_mean);
     free(t_f), free(t_fb);
     k3rt_free(0, x), k3rt_free(0, dy), k3rt_free(0, y), k3rt_free(0, dx);
+    if (db)
+        k3rt_free(0, db);
     rig_destroy(&r);
     json_decref(cfg);
     k3rt_stream_destroy(s);
