@@ -6,9 +6,9 @@
  *   bench_layer --plugin PATH --config JSON --batch B --seq T --d-model D
  *               [--dtype bf16|f32] [--runs N] [--warmup N] [--skew A]
  *
- * --skew A (a routed FFN whose config names its "experts" E): the selection bias
- * -A ln(1 + e) for expert e, so that routing favours low ids (A = 0: none); the routing counts
- * of the last forward are reported as max_over_mean.
+ * --skew A (a routed FFN of E experts): the selection bias -A ln(1 + e) for expert e, so that
+ * routing favours low ids (A = 0: none); the routing counts of the last forward are reported
+ * as max_over_mean (0 for a layer without routed experts).
  * Prints one JSON object: {"fwd_ms": .., "fwdbwd_ms": .., "saved_bytes": .., "workspace_bytes": ..}.
  * Parameters are drawn by their declared init (as a run starts); x and dy ~ N(0, 1). */
 #include <math.h>
@@ -151,8 +151,12 @@ int main(int argc, char **argv)
     b.dy = k3rt_tensor_view(dy, dtype, 0, 3, B, T, d, 0);
     b.dx = k3rt_tensor_view(dx, dtype, 0, 3, B, T, d, 0);
     /* a routed FFN: the bias that skews its selection, and the counts it reports */
-    json_t *je_n = json_object_get(cfg, "experts");
-    const int64_t E = json_is_integer(je_n) ? json_integer_value(je_n) : 0;
+    const int64_t E = r.experts;
+    if (skew != 0.0 && E == 0) {
+        fprintf(stderr, "bench_layer: --skew needs a routed FFN; %s has no routed experts\n",
+                plugin);
+        return 2;
+    }
     k3rt_routing routing;
     memset(&routing, 0, sizeof routing);
     void *db = NULL;
