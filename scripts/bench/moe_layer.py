@@ -6,13 +6,15 @@ LatentMoE, fast path: torch._grouped_mm over the rows sorted by expert, torch.co
 K3-mini's shape (64 experts, top-8, latent 512, expert hidden 768, one shared expert of 1024,
 d 1024, B 8 x T 4096, bf16), on uniform routing and on routing skewed by a selection bias of
 -A ln(1 + e) (the same bias on both sides; the script prints the largest expert's load over the
-mean that k3rt's routing reports).
+mean that k3rt's routing reports). At the layer's initialisation A = 0.05 is a graded skew (a CPU
+draw of the same distributions: the largest expert 3.6x the mean, none empty) and A = 0.5 the
+extreme one (experts 0-7 take every token: 8x, 56 empty).
 
 The PyTorch layer holds bf16 parameters (its gradients are bf16); k3rt's writes f32 parameter
 gradients, as its bf16 training mode does. Times: CUDA events, medians after warm-up.
 
   moe_layer.py --bench BUILD/bin/bench_layer --plugin BUILD/plugins/libk3rt_latent_moe.so
-               [--skew 0 --skew 0.5] [--runs 20] [--warmup 5] [--eager] [--json FILE]
+               [--skew 0 --skew 0.05 --skew 0.5] [--runs 20] [--warmup 5] [--eager] [--json FILE]
 """
 import argparse
 import json
@@ -105,7 +107,7 @@ def main():
     a = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
     rows = []
-    for skew in a.skew or [0.0, 0.5]:
+    for skew in a.skew or [0.0, 0.05, 0.5]:
         r = {"skew": skew, **{"k3rt_" + k: v for k, v in k3rt_layer(a, skew).items()}}
         print(f"skew {skew}: k3rt fwd {r['k3rt_fwd_ms']:.3f} ms, f+b {r['k3rt_fwdbwd_ms']:.3f} ms "
               f"(largest expert {r['k3rt_max_over_mean']:.2f}x the mean; saved "
