@@ -26,6 +26,7 @@ import os
 import torch
 
 from bench_util import median_ms, run_driver
+from torch_common import glu
 import torch.nn.functional as F
 
 COPY_BW_DEFAULT = 4.2e12  # bytes/s, device-to-device copy measured on this H200 (read + write)
@@ -112,6 +113,22 @@ def torch_case(r):
         out = F.silu(gt) * up
         do = randn(n)
         return lambda: torch.autograd.grad(out, (gt, up), do, retain_graph=True), "autograd"
+    if op.startswith("situ_"):
+        # the compiled peer: K3's SiTU-GLU and its derivative as inductor fuses them
+        n, b1, b2 = r["n"], 4.0, 25.0
+        gt, up, do = randn(n, scale=2.0), randn(n), randn(n)
+        if op == "situ_fwd":
+            f = torch.compile(lambda g, u: glu(g, u, "situ", b1, b2))
+            return (lambda: f(gt, up)), "torch.compile SiTU-GLU"
+
+        def bwd(g, u, d):
+            gf, uf, df = g.float(), u.float(), d.float()
+            t1, t2, sg = torch.tanh(gf / b1), torch.tanh(uf / b2), torch.sigmoid(gf)
+            da = (1 - t1 * t1) * sg + b1 * t1 * sg * (1 - sg)
+            return ((df * b2 * t2 * da).to(g.dtype),
+                    (df * b1 * t1 * sg * (1 - t2 * t2)).to(u.dtype))
+        f = torch.compile(bwd)
+        return (lambda: f(gt, up, do)), "torch.compile SiTU-GLU backward"
     if op == "cast_f32_bf16":
         x = randn(r["n"], dtype=torch.float32)
         return lambda: x.to(BF), "Tensor.to(bfloat16)"

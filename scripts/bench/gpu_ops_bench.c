@@ -377,6 +377,18 @@ static int swiglu_bwd(void *p, k3rt_error *err)
     return k3rt_glu_bwd(S, K3RT_BF16, K3RT_GLU_SWIGLU, c->a, c->b, c->c, c->d, c->e, c->n, 0, 0,
                         err);
 }
+/* K3's SiTU-GLU with its default caps (latent_moe's beta1 = 4, beta2 = 25) */
+static int situ_fwd(void *p, k3rt_error *err)
+{
+    ew_ctx *c = p;
+    return k3rt_glu_fwd(S, K3RT_BF16, K3RT_GLU_SITU, c->a, c->b, c->c, c->n, 4.0, 25.0, err);
+}
+static int situ_bwd(void *p, k3rt_error *err)
+{
+    ew_ctx *c = p;
+    return k3rt_glu_bwd(S, K3RT_BF16, K3RT_GLU_SITU, c->a, c->b, c->c, c->d, c->e, c->n, 4.0,
+                        25.0, err);
+}
 static int cast_op(void *p, k3rt_error *err)
 {
     ew_ctx *c = p;
@@ -395,19 +407,35 @@ static int adamw_op(void *p, k3rt_error *err)
                            10, err);
 }
 
+/* The GLUs over n elements: bf16 gate, up and d(out); the outputs are the other two buffers. */
+static void bench_glu(int64_t n, int swiglu, int situ)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%lld", (long long)n);
+    if (swiglu || situ) {
+        ew_ctx c = {n, bench_dev(n * 2), bench_dev(n * 2), bench_dev(n * 2), bench_dev(n * 2), bench_dev(n * 2)};
+        fill_random(c.a, K3RT_BF16, n, 2.0, 17);
+        fill_random(c.b, K3RT_BF16, n, 1.0, 18);
+        fill_random(c.c, K3RT_BF16, n, 1.0, 20);
+        if (swiglu) {
+            report("swiglu_fwd", shape, bench_median_ms(swiglu_fwd, &c, CS, WARM, RUNS, "glu_fwd"), 0, 6.0 * n);
+            report("swiglu_bwd", shape, bench_median_ms(swiglu_bwd, &c, CS, WARM, RUNS, "glu_bwd"), 0, 10.0 * n);
+        }
+        if (situ) {
+            /* c: d(out) of the backward, then the forward's output */
+            report("situ_bwd", shape, bench_median_ms(situ_bwd, &c, CS, WARM, RUNS, "glu_bwd"), 0, 10.0 * n);
+            report("situ_fwd", shape, bench_median_ms(situ_fwd, &c, CS, WARM, RUNS, "glu_fwd"), 0, 6.0 * n);
+        }
+        k3rt_free(0, c.a), k3rt_free(0, c.b), k3rt_free(0, c.c), k3rt_free(0, c.d);
+        k3rt_free(0, c.e);
+    }
+}
+
 static void bench_elementwise(int64_t n)
 {
     char shape[64];
     snprintf(shape, sizeof shape, "n=%lld", (long long)n);
-    if (wanted("swiglu")) {
-        ew_ctx c = {n, bench_dev(n * 2), bench_dev(n * 2), bench_dev(n * 2), bench_dev(n * 2), bench_dev(n * 2)};
-        fill_random(c.a, K3RT_BF16, n, 2.0, 17);
-        fill_random(c.b, K3RT_BF16, n, 1.0, 18);
-        report("swiglu_fwd", shape, bench_median_ms(swiglu_fwd, &c, CS, WARM, RUNS, "glu_fwd"), 0, 6.0 * n);
-        report("swiglu_bwd", shape, bench_median_ms(swiglu_bwd, &c, CS, WARM, RUNS, "glu_bwd"), 0, 10.0 * n);
-        k3rt_free(0, c.a), k3rt_free(0, c.b), k3rt_free(0, c.c), k3rt_free(0, c.d);
-        k3rt_free(0, c.e);
-    }
+    bench_glu(n, wanted("swiglu"), wanted("situ"));
     if (wanted("cast") || wanted("sum_squares")) {
         ew_ctx c = {n, bench_dev(n * 4), bench_dev(n * 2), NULL, NULL, NULL};
         fill_random(c.a, K3RT_F32, n, 1.0, 19);
@@ -508,6 +536,7 @@ int main(int argc, char **argv)
     bench_rmsnorm(N, 512);
     bench_xent(N, 32000);
     bench_elementwise(N * 4096);  /* the dense FFN's hidden activations */
+    bench_glu(N * 8 * 768, 0, wanted("situ"));  /* LatentMoE's routed width at K3-mini: top-8 x 768 */
     k3rt_stream_destroy(S);
     return 0;
 }

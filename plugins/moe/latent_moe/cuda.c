@@ -40,12 +40,12 @@
 
 typedef struct cu_layout {
     /* saved: one raw part */
-    int64_t s, sel, pos, src, p, counts, offsets, bias, c, g, u, act, ye, U, rstd, nrm, sg, su, sa;
+    int64_t s, sel, pos, p, counts, offsets, bias, xe, g, u, act, ye, U, rstd, nrm, sg, su, sa;
     int64_t saved;
     /* forward scratch */
-    int64_t sort, xe, fwd;
+    int64_t sort, src, c, fwd;
     /* backward scratch */
-    int64_t dn, dU, dp, dye, da, dg, du, xe_b, dc, dz, dz16, dsa, dsg, dsu, bwd;
+    int64_t dn, dU, dp, dye, da, dg, du, dc, dz, dz16, dsa, dsg, dsu, bwd;
     int64_t workspace;
 } cu_layout;
 
@@ -65,12 +65,14 @@ static void layout_make(const latent_moe *f, int64_t N, cu_layout *L)
     L->s = take(&at, N * E * 4);
     L->sel = take(&at, R * 4);
     L->pos = take(&at, R * 4);
-    L->src = take(&at, R * 4);
     L->p = take(&at, R * 4);
     L->counts = take(&at, E * 8);
     L->offsets = take(&at, (E + 1) * 8);
     L->bias = take(&at, E * 4);
-    L->c = take(&at, N * l * es);
+    /* the gathered latent rows, not the latent itself: k times the bytes (7 N l more, 235 MB
+     * a K3-mini layer), and the backward's weight gradients read them without a second gather
+     * (130 us a layer on the H200) */
+    L->xe = take(&at, R * l * es);
     L->g = take(&at, R * m * es);
     L->u = take(&at, R * m * es);
     L->act = take(&at, R * m * es);
@@ -85,7 +87,8 @@ static void layout_make(const latent_moe *f, int64_t N, cu_layout *L)
 
     at = 0;
     L->sort = take(&at, lmoe_cu_dispatch_scratch(R, E));
-    L->xe = take(&at, R * l * es);
+    L->src = take(&at, R * 4);
+    L->c = take(&at, N * l * es);
     L->fwd = at;
 
     at = 0;
@@ -96,7 +99,6 @@ static void layout_make(const latent_moe *f, int64_t N, cu_layout *L)
     L->da = take(&at, R * m * es);
     L->dg = take(&at, R * m * es);
     L->du = take(&at, R * m * es);
-    L->xe_b = take(&at, R * l * es);
     L->dc = take(&at, N * l * es);
     L->dz = take(&at, N * E * 4);
     L->dz16 = take(&at, bf ? N * E * es : 0);
@@ -238,10 +240,10 @@ int lmoe_gpu_forward(latent_moe *f, const k3rt_fwd_args *a, k3rt_error *err)
     int dt = f->dtype;
     float *s = (float *)(sv + L.s), *p = (float *)(sv + L.p), *bias = (float *)(sv + L.bias);
     int32_t *sel = (int32_t *)(sv + L.sel), *pos = (int32_t *)(sv + L.pos);
-    int32_t *src = (int32_t *)(sv + L.src);
+    int32_t *src = (int32_t *)(ws + L.src);
     int64_t *counts = (int64_t *)(sv + L.counts), *offsets = (int64_t *)(sv + L.offsets);
-    void *c = sv + L.c, *g = sv + L.g, *u = sv + L.u, *act = sv + L.act, *ye = sv + L.ye;
-    void *U = sv + L.U, *xe = ws + L.xe;
+    void *xe = sv + L.xe, *g = sv + L.g, *u = sv + L.u, *act = sv + L.act, *ye = sv + L.ye;
+    void *U = sv + L.U, *c = ws + L.c;
 
     /* the shared experts' gate, up and GLU, beside everything up to the routed W-up */
     k3rt_stream *sh = st;
@@ -314,7 +316,6 @@ int lmoe_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
     int dt = f->dtype;
     const float *d_scores = a->d_scores.ndim ? a->d_scores.data : NULL;
     const int32_t *sel = (const int32_t *)(sv + L.sel), *pos = (const int32_t *)(sv + L.pos);
-    const int32_t *src = (const int32_t *)(sv + L.src);
     const float *s = (const float *)(sv + L.s), *p = (const float *)(sv + L.p);
     const void *x = a->x.data;
     void *dx = a->dx.data;
@@ -333,7 +334,8 @@ int lmoe_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
     /* combine, experts, dispatch */
     float *dp = (float *)(ws + L.dp), *dz = (float *)(ws + L.dz);
     void *dye = ws + L.dye, *da = ws + L.da, *dg = ws + L.dg, *du = ws + L.du;
-    void *xe = ws + L.xe_b, *dc = ws + L.dc;
+    const void *xe = sv + L.xe;
+    void *dc = ws + L.dc;
     K3RT_TRY(lmoe_cu_combine_bwd(cs, dt, dU, sv + L.ye, pos, p, N, k, l, dp, dye, err));
     expert_offsets o;  /* the forward's, still on the device */
     K3RT_TRY(offsets_for_call(f, st, sv + L.offsets, &o, err));
@@ -341,7 +343,6 @@ int lmoe_gpu_backward(latent_moe *f, const k3rt_bwd_args *a, k3rt_error *err)
                          0, err));
     K3RT_TRY(k3rt_glu_bwd(st, dt, f->glu, sv + L.g, sv + L.u, da, dg, du, R * m, f->beta1,
                           f->beta2, err));
-    K3RT_TRY(lmoe_cu_gather(cs, dt, sv + L.c, src, R, k, l, xe, err));
     void *dxe = dye; /* dye is spent */
     K3RT_TRY(experts_bwd(f, st, &o, xe, P(LMOE_EX_GATE), dg, dxe, G(LMOE_EX_GATE), R, l, m, 0,
                          err));
