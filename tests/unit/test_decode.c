@@ -79,7 +79,12 @@ static void check_positions(const char *kda_extra, const char *mla_extra, int dt
         dk_full_logits(&ref, tok, B, T, truth);
         double e_full = dk_worst(truth, full, T * B, V, &at);
         double e_dec = dk_worst(truth, dec, T * B, V, &at);
-        ck_assert_msg(e_dec <= 2 * e_full + 1e-7, "f32 decode is %.3g from the f64 forward, "
+        /* Both are f32 roundings of the same sums in other orders (one token's row products
+         * against the whole batch's GEMMs), so their distances from f64 are of one size, not
+         * equal: with OpenBLAS's SkylakeX kernels the decode is within 2x of the forward, with
+         * the Haswell ones it picks on an AVX-512 EPYC 2.5x (1.43e-5 against 5.66e-6). A wrong
+         * cache or position is off by orders of magnitude more (the f64 case holds 1e-11). */
+        ck_assert_msg(e_dec <= 4 * e_full + 1e-7, "f32 decode is %.3g from the f64 forward, "
                       "the f32 forward %.3g", e_dec, e_full);
         model_free(&ref);
         free(truth);
