@@ -5,10 +5,13 @@
 // Tiling. The conv kernels give a thread 8 channels of 16 tokens (the section below says how
 // the backward does everything in one pass); the gate forward and the output gate give a
 // thread 8 elements, the gate backward one. Parameter gradients sum KDA_CU_SUM_ROWS tokens per
-// block into partials, then one pass adds the partials in block order. All of these are bound
-// by memory traffic: none does more than a few FLOPs per byte, so each reads its inputs once
-// (a conv's W - 1 earlier rows come again from L1) and writes its outputs once.
+// block into partials, then one pass adds the partials in block order. None does more than a
+// few FLOPs per byte, so each reads its inputs once (a conv's W - 1 earlier rows stay in
+// registers) and writes its outputs once; the conv kernels also stay short of the bytes'
+// time by the latency of their per-token chains (sigm below says what that cost).
 #include <math.h>
+
+#include <type_traits>
 
 #include "common.cuh"
 #include "kda_layer_cuda.h"
@@ -29,9 +32,15 @@ unsigned blocks_for(int64_t n, int per = kThreads)
     return (unsigned)(b < 1 ? 1 : b);
 }
 
-// sigmoid without overflow, with the accurate expf (these kernels are bound by memory).
-__device__ __forceinline__ float sigm(float x)
+// sigmoid without overflow. f32 data: the accurate expf and division (the tests' 1e-5 against
+// the CPU). bf16 data: the fast exp and division (relative error ~1e-6, far below bf16's
+// 2^-9). At 8-16 warps per SM the conv kernels waited on their chains of dependent accurate
+// exps and divisions more than on their bytes: with the fast forms (and the ring below) ncu
+// gives K3-mini's conv 154 -> 80 us a call forward and 638 -> 230 us backward.
+template <typename E> __device__ __forceinline__ float sigm(float x)
 {
+    if (std::is_same<E, bf16>::value)
+        return __fdividef(1.0f, 1.0f + __expf(-x));  // 0 or 1 at the ends, no NaN
     return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
 }
 
@@ -71,9 +80,9 @@ __global__ void doc_bounds_kernel(int64_t N, const int32_t *docs, int64_t n_docs
 // forms dz in registers and keeps the last W of them, so each input row's du (which needs dz
 // of the W tokens it feeds) and the filter gradient come out of the same pass; dz never goes
 // to memory. In the backward the W input rows a token's conv reads also stay in registers from
-// token to token (InRows) and the next token's loads are issued a token ahead (Ahead): at its
-// one resident block per SM, reloading W rows a token left it waiting on memory (K3-mini's
-// layer backward: 7.3 -> 7.0 ms).
+// token to token (InRows) and the next tokens' rows arrive through a shared-memory ring filled
+// by cp.async several tokens ahead (AheadRing): at its one resident block per SM, reloading W
+// rows a token, or loading one token ahead in registers, left it waiting on memory.
 
 constexpr int kVec = 8;              // channels per thread
 constexpr int kTile = 16;            // tokens per thread
@@ -197,89 +206,90 @@ __device__ __forceinline__ void conv_in(const ConvArgs &a, int64_t b, int64_t rs
     }
 }
 
-template <typename E, int W>
-__device__ __forceinline__ void conv_z(const ConvArgs &a, const float wr[W][kVec], int64_t t,
-                                       int64_t b, int64_t rs, int64_t s, int64_t c0,
-                                       float z[kVec])
-{
-#pragma unroll
-    for (int i = 0; i < kVec; i++)
-        z[i] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < W; j++) {
-        float x[kVec];
-        conv_in<E, W>(a, b, rs, s, t - W + 1 + j, c0, x);
-#pragma unroll
-        for (int i = 0; i < kVec; i++)
-            z[i] += wr[j][i] * x[i];
-    }
-}
+// The streamed rows of both directions (each token's own input row, in the backward its output
+// gradient, and its document start) pass through a ring of kAhead slots per thread in shared
+// memory, copied there by cp.async kAhead - 1 tokens before they are used. Loads that land in
+// shared memory hold no registers, so a warp keeps kAhead - 1 tokens of rows in flight (one
+// token ahead in registers left the backward, one resident block of 8 warps per SM, about
+// 8 KB per SM in flight). Measured with the fast sigmoid, the ring against the forward's
+// former W rows a token from L1: 80 against 92 us; the backward 230 us (638 before both).
+constexpr int kAhead = 8;
 
-// The forward keeps reading a token's W rows again each token (from L1): at two resident
-// blocks per SM it is not waiting on them. Carrying them in registers as the backward does
-// (InRows, Ahead) measured 3 % slower (2.32 against 2.25 ms for K3-mini's layer forward).
-template <typename E, int W>
-__global__ void __launch_bounds__(kThreads) conv_fwd_kernel(ConvArgs a, int seg, int l2, E *out)
-{
-    const ConvThread p = conv_thread(a);
-    float wr[W][kVec];
-    load_filter<E, W>(a, p.c0, wr);
-    int64_t b = p.t0 / a.T, rs = b * a.T;
-    for (int k = 0; k < kTile; k++) {
-        const int64_t t = p.t0 + k;
-        if (t >= a.N)
-            break;  // the whole warp: one tile
-        if (t >= rs + a.T)
-            b++, rs += a.T;
-        const int64_t s = a.dstart ? a.dstart[t] : rs;
-        float z[kVec], ss = 0.0f;
-        conv_z<E, W>(a, wr, t, b, rs, s, p.c0, z);
-#pragma unroll
-        for (int i = 0; i < kVec; i++) {
-            z[i] *= sigm(z[i]);
-            ss += z[i] * z[i];
-        }
-        if (l2) {
-            const float r = 1.0f / sqrtf(head_sum(ss, seg) + 1e-6f);
-#pragma unroll
-            for (int i = 0; i < kVec; i++)
-                z[i] *= r;
-        }
-        if (p.active)
-            store8(out + t * a.C + p.c0, a.vec, z);
-    }
-}
-
-// z of token t from the input rows it reads, held in registers (slot j: row t - W + 1 + j):
-// the backward's form of conv_z.
-template <int W>
-__device__ __forceinline__ void conv_z_rows(const float wr[W][kVec], const float x[W][kVec],
-                                            float z[kVec])
-{
-#pragma unroll
-    for (int i = 0; i < kVec; i++)
-        z[i] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < W; j++)
-#pragma unroll
-        for (int i = 0; i < kVec; i++)
-            z[i] += wr[j][i] * x[j][i];
-}
-
-// The next token's own input row, output gradient and document start, loaded one token ahead
-// so that their latency overlaps the current token's arithmetic and shuffles.
-struct Ahead {
-    float u[kVec], d[kVec];
-    int64_t s;
+template <typename E> struct AheadRing {
+    E u[kAhead][kThreads][kVec];  // [slot][thread]: a warp's 16- or 32-byte rows side by side
+    E d[kAhead][kThreads][kVec];
+    int32_t s[kAhead][kThreads];
 };
 
-template <typename E>
-__device__ __forceinline__ void fetch_ahead(const ConvArgs &a, const E *dout, int64_t t,
-                                            int64_t c0, Ahead &n)
+__device__ __forceinline__ void cp_async4(void *dst, const void *src)
 {
-    load8((const E *)a.u + t * a.C + c0, a.vec, n.u);
-    load8(dout + t * a.C + c0, a.vec, n.d);
-    n.s = a.dstart ? a.dstart[t] : -1;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(kdacu::smem_u32(dst)),
+                 "l"(src));
+}
+
+// Token t's rows into ring slot `slot` (asynchronously when rows are 16-byte aligned).
+template <typename E>
+__device__ __forceinline__ void ring_fetch(const ConvArgs &a, const E *dout, int64_t t,
+                                           int64_t c0, AheadRing<E> &r, int slot)
+{
+    E *u = r.u[slot][threadIdx.x], *d = r.d[slot][threadIdx.x];
+    const E *gu = (const E *)a.u + t * a.C + c0, *gd = dout ? dout + t * a.C + c0 : nullptr;
+    if (a.vec) {
+#pragma unroll
+        for (int o = 0; o < kVec * (int)sizeof(E); o += 16) {
+            kdacu::cp_async16((char *)u + o, (const char *)gu + o, true);
+            if (dout)
+                kdacu::cp_async16((char *)d + o, (const char *)gd + o, true);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < kVec; i++)
+            u[i] = gu[i], d[i] = dout ? gd[i] : u[i];
+    }
+    if (a.dstart)
+        cp_async4(&r.s[slot][threadIdx.x], a.dstart + t);
+}
+
+// The first kAhead - 1 of the tokens t0 .. t_stop - 1 into the ring: one commit group per
+// token, empty past t_stop, so that a token's group is always the same count back.
+template <typename E>
+__device__ __forceinline__ void ring_start(const ConvArgs &a, const E *dout, int64_t t0,
+                                           int64_t t_stop, int64_t c0, AheadRing<E> &r)
+{
+#pragma unroll
+    for (int k = 0; k + 1 < kAhead; k++) {
+        if (t0 + k < t_stop)
+            ring_fetch<E>(a, dout, t0 + k, c0, r, k);
+        kdacu::cp_async_commit();
+    }
+}
+
+// Token t (the k-th streamed) out of the ring, its document start into *s when there are
+// documents; then token t + kAhead - 1 into the slot token t - 1 left (its rows went into
+// registers a token ago). Each lane reads only what it copied, so no barrier.
+template <typename E>
+__device__ __forceinline__ void ring_take(const ConvArgs &a, const E *dout, int k, int64_t t,
+                                          int64_t t_stop, int64_t c0, AheadRing<E> &r,
+                                          float u[kVec], float d[kVec], int64_t *s)
+{
+    kdacu::cp_async_wait<kAhead - 2>();
+    const int slot = k % kAhead;
+    load8(r.u[slot][threadIdx.x], 1, u);
+    if (dout)
+        load8(r.d[slot][threadIdx.x], 1, d);
+    if (a.dstart)
+        *s = r.s[slot][threadIdx.x];
+    if (t + kAhead - 1 < t_stop)
+        ring_fetch<E>(a, dout, t + kAhead - 1, c0, r, (k + kAhead - 1) % kAhead);
+    kdacu::cp_async_commit();
+}
+
+// The dynamic shared memory of a conv kernel: the ring (74 KB in bf16, 139 KB in f32).
+template <typename E, typename K> int ring_bytes(K kernel)
+{
+    const int bytes = (int)sizeof(AheadRing<E>);
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    return bytes;
 }
 
 // The W input rows token t reads, as conv_in gives them for t's document (start s), kept from
@@ -311,19 +321,77 @@ template <typename E, int W> struct InRows {
     }
 };
 
-// dz of token t: y = silu(z) (r y with l2); dz = r (dy - (dy . ry) ry) silu'(z), in fp32.
+// z of token t from the input rows it reads, held in registers (slot j: row t - W + 1 + j):
+// the backward's form of conv_z.
 template <int W>
+__device__ __forceinline__ void conv_z_rows(const float wr[W][kVec], const float x[W][kVec],
+                                            float z[kVec])
+{
+#pragma unroll
+    for (int i = 0; i < kVec; i++)
+        z[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < W; j++)
+#pragma unroll
+        for (int i = 0; i < kVec; i++)
+            z[i] += wr[j][i] * x[j][i];
+}
+
+// The forward streams its tokens as the backward does (below): each token's own row through
+// the shared-memory ring, the W - 1 rows before it kept in registers (InRows).
+template <typename E, int W>
+__global__ void __launch_bounds__(kThreads) conv_fwd_kernel(ConvArgs a, int seg, int l2, E *out)
+{
+    extern __shared__ __align__(16) unsigned char ring_raw[];
+    AheadRing<E> &ring_in = *reinterpret_cast<AheadRing<E> *>(ring_raw);
+    const ConvThread p = conv_thread(a);
+    float wr[W][kVec];
+    load_filter<E, W>(a, p.c0, wr);
+    int64_t b = p.t0 / a.T, rs = b * a.T;
+    const int64_t t_stop = p.t0 + kTile < a.N ? p.t0 + kTile : a.N;
+    ring_start<E>(a, nullptr, p.t0, t_stop, p.c0, ring_in);
+    InRows<E, W> in;
+    for (int k = 0; k < kTile; k++) {
+        const int64_t t = p.t0 + k;
+        if (t >= a.N)
+            break;  // the whole warp: one tile
+        if (t >= rs + a.T)
+            b++, rs += a.T;
+        float own[kVec], unused[kVec], z[kVec], ss = 0.0f;
+        int64_t s = rs;
+        ring_take<E>(a, nullptr, k, t, t_stop, p.c0, ring_in, own, unused, &s);
+        in.advance(a, b, rs, s, t, p.c0, own);
+        conv_z_rows<W>(wr, in.x, z);
+#pragma unroll
+        for (int i = 0; i < kVec; i++) {
+            z[i] *= sigm<E>(z[i]);
+            ss += z[i] * z[i];
+        }
+        if (l2) {
+            const float r = 1.0f / sqrtf(head_sum(ss, seg) + 1e-6f);
+#pragma unroll
+            for (int i = 0; i < kVec; i++)
+                z[i] *= r;
+        }
+        if (p.active)
+            store8(out + t * a.C + p.c0, a.vec, z);
+    }
+}
+
+// dz of token t: y = silu(z) (r y with l2); dz = r (dy - (dy . ry) ry) silu'(z), in fp32.
+template <typename E, int W>
 __device__ __forceinline__ void conv_dz(const float wr[W][kVec], const float x[W][kVec],
                                         int seg, int l2, const float dy[kVec], float dz[kVec])
 {
-    float z[kVec], y[kVec], d[kVec], ss = 0.0f;
+    float z[kVec], y[kVec], d[kVec], sg[kVec], ss = 0.0f;
     conv_z_rows<W>(wr, x, z);
 #pragma unroll
     for (int i = 0; i < kVec; i++)
         d[i] = dy[i];
 #pragma unroll
     for (int i = 0; i < kVec; i++) {
-        y[i] = z[i] * sigm(z[i]);
+        sg[i] = sigm<E>(z[i]);
+        y[i] = z[i] * sg[i];
         ss += y[i] * y[i];
     }
     if (l2) {
@@ -340,10 +408,8 @@ __device__ __forceinline__ void conv_dz(const float wr[W][kVec], const float x[W
             d[i] = r * (d[i] - dot * y[i]);
     }
 #pragma unroll
-    for (int i = 0; i < kVec; i++) {
-        const float sg = sigm(z[i]);
-        dz[i] = d[i] * sg * (1.0f + z[i] * (1.0f - sg));
-    }
+    for (int i = 0; i < kVec; i++)
+        dz[i] = d[i] * sg[i] * (1.0f + z[i] * (1.0f - sg[i]));
 }
 
 // The thread streams tokens t0 .. t0 + kTile + W - 2 (the last W - 1 belong to the next tile:
@@ -356,6 +422,8 @@ template <typename E, int W>
 __global__ void __launch_bounds__(kThreads)
 conv_bwd_kernel(ConvArgs a, int seg, int l2, const E *dout, E *du, E *dhalo, float *part)
 {
+    extern __shared__ __align__(16) unsigned char ring_raw[];
+    AheadRing<E> &ring_in = *reinterpret_cast<AheadRing<E> *>(ring_raw);
     const ConvThread p = conv_thread(a);
     float wr[W][kVec];
     load_filter<E, W>(a, p.c0, wr);
@@ -371,9 +439,8 @@ conv_bwd_kernel(ConvArgs a, int seg, int l2, const E *dout, E *du, E *dhalo, flo
     }
     int64_t b = p.t0 / a.T, rs = b * a.T;
     InRows<E, W> in;
-    Ahead next;
-    if (p.t0 < a.N)
-        fetch_ahead<E>(a, dout, p.t0, p.c0, next);
+    const int64_t t_stop = p.t0 + kTile + W - 1 < a.N ? p.t0 + kTile + W - 1 : a.N;
+    ring_start<E>(a, dout, p.t0, t_stop, p.c0, ring_in);
     for (int k = 0; k < kTile + W - 1; k++) {
         const int64_t t = p.t0 + k, tau = t - W + 1;
         if (tau >= t_end)
@@ -389,15 +456,11 @@ conv_bwd_kernel(ConvArgs a, int seg, int l2, const E *dout, E *du, E *dhalo, flo
         if (t < a.N) {
             if (t >= rs + a.T)
                 b++, rs += a.T;
-            const int64_t s = a.dstart ? next.s : rs;
             float own[kVec], dy[kVec];
-#pragma unroll
-            for (int i = 0; i < kVec; i++)
-                own[i] = next.u[i], dy[i] = next.d[i];
-            if (k + 1 < kTile + W - 1 && t + 1 < a.N)
-                fetch_ahead<E>(a, dout, t + 1, p.c0, next);
+            int64_t s = rs;
+            ring_take<E>(a, dout, k, t, t_stop, p.c0, ring_in, own, dy, &s);
             in.advance(a, b, rs, s, t, p.c0, own);
-            conv_dz<W>(wr, in.x, seg, l2, dy, ring[W - 1]);
+            conv_dz<E, W>(wr, in.x, seg, l2, dy, ring[W - 1]);
             rstart[W - 1] = s;
             if (t < t_end) {
 #pragma unroll
@@ -491,7 +554,7 @@ __global__ void gate_fwd_kernel(int64_t n, int64_t Dg, int64_t dk, float lb, con
     load8(dtb + c, vec, bias);
 #pragma unroll
     for (int i = 0; i < kVec; i++)
-        z[i] = lb * sigm(ea * (z[i] + bias[i]));
+        z[i] = lb * sigm<E>(ea * (z[i] + bias[i]));
     store8(g + i0, vec, z);
 }
 
@@ -511,7 +574,7 @@ __global__ void gate_bwd_kernel(int64_t N, int64_t Dg, int64_t dk, float lb, con
         const int64_t n1 = blk * R + R < N ? blk * R + R : N;
         for (int64_t n = blk * R + ty; n < n1; n += 8) {
             const int64_t i = n * Dg + c;
-            const float y = ea * (to_f(zf[i]) + bias), sg = sigm(y);
+            const float y = ea * (to_f(zf[i]) + bias), sg = sigm<E>(y);
             const float ds = lb * sg * (1.0f - sg), d = to_f(dg[i]);
             const float dz = d * ds * ea;
             dzf[i] = from_f<E>(dz);
@@ -568,7 +631,7 @@ __global__ void ogate_fwd_kernel(int64_t n, const E *on, const E *G, E *yg, int 
     load8(G + i0, vec, gt);
 #pragma unroll
     for (int i = 0; i < kVec; i++)
-        o[i] *= sigm(gt[i]);
+        o[i] *= sigm<E>(gt[i]);
     store8(yg + i0, vec, o);
 }
 
@@ -585,7 +648,7 @@ __global__ void ogate_bwd_kernel(int64_t n, const E *on, const E *G, const E *dy
     load8(dyg + i0, vec, d);
 #pragma unroll
     for (int i = 0; i < kVec; i++) {
-        const float sg = sigm(gt[i]);
+        const float sg = sigm<E>(gt[i]);
         gt[i] = d[i] * o[i] * sg * (1.0f - sg);
         o[i] = d[i] * sg;
     }
@@ -636,7 +699,8 @@ dim3 conv_grid(const ConvArgs &a)
 template <typename E, int W>
 void conv_fwd_w(cudaStream_t st, const ConvArgs &a, int seg, int l2, void *out)
 {
-    conv_fwd_kernel<E, W><<<conv_grid(a), kThreads, 0, st>>>(a, seg, l2, (E *)out);
+    const int ring = ring_bytes<E>(conv_fwd_kernel<E, W>);
+    conv_fwd_kernel<E, W><<<conv_grid(a), kThreads, ring, st>>>(a, seg, l2, (E *)out);
 }
 
 template <typename E>
@@ -654,8 +718,9 @@ template <typename E, int W>
 void conv_bwd_w(cudaStream_t st, const ConvArgs &a, int seg, int l2, const void *dout, void *du,
                 void *dhalo, float *part)
 {
-    conv_bwd_kernel<E, W><<<conv_grid(a), kThreads, 0, st>>>(a, seg, l2, (const E *)dout,
-                                                             (E *)du, (E *)dhalo, part);
+    const int ring = ring_bytes<E>(conv_bwd_kernel<E, W>);
+    conv_bwd_kernel<E, W><<<conv_grid(a), kThreads, ring, st>>>(a, seg, l2, (const E *)dout,
+                                                                (E *)du, (E *)dhalo, part);
 }
 
 template <typename E>
