@@ -926,15 +926,6 @@ __global__ void __launch_bounds__(THREADS) bwd_b_kernel(BwdArgs ba)
     }
 }
 
-template <typename K> int allow_smem(K kernel, size_t bytes, const char *name, k3rt_error *err)
-{
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)bytes);
-    if (e != cudaSuccess)
-        return cu_fail(err, e, name);
-    return K3RT_OK;
-}
-
 template <typename E, int D>
 int prep_t(cudaStream_t st, const Dims &d, const kda_cuda_args *a, const Bufs &b, bool bwd,
            k3rt_error *err)

@@ -288,6 +288,17 @@ int launch_bwd_chunks(cudaStream_t st, int dtype, const Dims &d, const kda_cuda_
 
 int cu_fail(k3rt_error *err, cudaError_t e, const char *what);
 
+// Lets `kernel` take `bytes` of dynamic shared memory (above the default 48 KB).
+template <typename K>
+inline int allow_smem(K kernel, size_t bytes, const char *name, k3rt_error *err)
+{
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)bytes);
+    if (e != cudaSuccess)
+        return cu_fail(err, e, name);
+    return K3RT_OK;
+}
+
 }  // namespace kdacu
 
 #define KDA_CU_TRY(call, what)                       \

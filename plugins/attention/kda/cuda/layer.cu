@@ -243,8 +243,11 @@ __device__ __forceinline__ void ring_fetch(const ConvArgs &a, const E *dout, int
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < kVec; i++)
-            u[i] = gu[i], d[i] = dout ? gd[i] : u[i];
+        for (int i = 0; i < kVec; i++) {
+            u[i] = gu[i];
+            if (dout)
+                d[i] = gd[i];
+        }
     }
     if (a.dstart)
         cp_async4(&r.s[slot][threadIdx.x], a.dstart + t);
@@ -284,14 +287,6 @@ __device__ __forceinline__ void ring_take(const ConvArgs &a, const E *dout, int 
     kdacu::cp_async_commit();
 }
 
-// The dynamic shared memory of a conv kernel: the ring (74 KB in bf16, 139 KB in f32).
-template <typename E, typename K> int ring_bytes(K kernel)
-{
-    const int bytes = (int)sizeof(AheadRing<E>);
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    return bytes;
-}
-
 // The W input rows token t reads, as conv_in gives them for t's document (start s), kept from
 // token to token: the next token of the same document shifts them and adds its own row; a new
 // document (or the thread's first token) reads the W - 1 earlier rows again. A token so loads
@@ -321,8 +316,7 @@ template <typename E, int W> struct InRows {
     }
 };
 
-// z of token t from the input rows it reads, held in registers (slot j: row t - W + 1 + j):
-// the backward's form of conv_z.
+// z of token t from the input rows it reads, held in registers (slot j: row t - W + 1 + j).
 template <int W>
 __device__ __forceinline__ void conv_z_rows(const float wr[W][kVec], const float x[W][kVec],
                                             float z[kVec])
@@ -696,42 +690,50 @@ dim3 conv_grid(const ConvArgs &a)
     return dim3(blocks_for(a.N, R), blocks_for(a.C, 32 * kVec));
 }
 
+// Each conv kernel's dynamic shared memory is its ring: 74 KB in bf16, 139 KB in f32.
 template <typename E, int W>
-void conv_fwd_w(cudaStream_t st, const ConvArgs &a, int seg, int l2, void *out)
+int conv_fwd_w(cudaStream_t st, const ConvArgs &a, int seg, int l2, void *out, k3rt_error *err)
 {
-    const int ring = ring_bytes<E>(conv_fwd_kernel<E, W>);
+    const size_t ring = sizeof(AheadRing<E>);
+    K3RT_TRY(kdacu::allow_smem(conv_fwd_kernel<E, W>, ring, "cudaFuncSetAttribute (kda "
+                               "conv_fwd_kernel)", err));
     conv_fwd_kernel<E, W><<<conv_grid(a), kThreads, ring, st>>>(a, seg, l2, (E *)out);
+    return K3RT_OK;
 }
 
 template <typename E>
-void launch_conv_fwd(cudaStream_t st, const ConvArgs &a, int seg, int l2, void *out)
+int launch_conv_fwd(cudaStream_t st, const ConvArgs &a, int seg, int l2, void *out,
+                    k3rt_error *err)
 {
     switch (a.W) {
-    case 1: conv_fwd_w<E, 1>(st, a, seg, l2, out); break;
-    case 2: conv_fwd_w<E, 2>(st, a, seg, l2, out); break;
-    case 3: conv_fwd_w<E, 3>(st, a, seg, l2, out); break;
-    default: conv_fwd_w<E, 4>(st, a, seg, l2, out); break;
+    case 1: return conv_fwd_w<E, 1>(st, a, seg, l2, out, err);
+    case 2: return conv_fwd_w<E, 2>(st, a, seg, l2, out, err);
+    case 3: return conv_fwd_w<E, 3>(st, a, seg, l2, out, err);
+    default: return conv_fwd_w<E, 4>(st, a, seg, l2, out, err);
     }
 }
 
 template <typename E, int W>
-void conv_bwd_w(cudaStream_t st, const ConvArgs &a, int seg, int l2, const void *dout, void *du,
-                void *dhalo, float *part)
+int conv_bwd_w(cudaStream_t st, const ConvArgs &a, int seg, int l2, const void *dout, void *du,
+               void *dhalo, float *part, k3rt_error *err)
 {
-    const int ring = ring_bytes<E>(conv_bwd_kernel<E, W>);
+    const size_t ring = sizeof(AheadRing<E>);
+    K3RT_TRY(kdacu::allow_smem(conv_bwd_kernel<E, W>, ring, "cudaFuncSetAttribute (kda "
+                               "conv_bwd_kernel)", err));
     conv_bwd_kernel<E, W><<<conv_grid(a), kThreads, ring, st>>>(a, seg, l2, (const E *)dout,
                                                                 (E *)du, (E *)dhalo, part);
+    return K3RT_OK;
 }
 
 template <typename E>
-void launch_conv_bwd(cudaStream_t st, const ConvArgs &a, int seg, int l2, const void *dout,
-                     void *du, void *dhalo, float *part)
+int launch_conv_bwd(cudaStream_t st, const ConvArgs &a, int seg, int l2, const void *dout,
+                    void *du, void *dhalo, float *part, k3rt_error *err)
 {
     switch (a.W) {
-    case 1: conv_bwd_w<E, 1>(st, a, seg, l2, dout, du, dhalo, part); break;
-    case 2: conv_bwd_w<E, 2>(st, a, seg, l2, dout, du, dhalo, part); break;
-    case 3: conv_bwd_w<E, 3>(st, a, seg, l2, dout, du, dhalo, part); break;
-    default: conv_bwd_w<E, 4>(st, a, seg, l2, dout, du, dhalo, part); break;
+    case 1: return conv_bwd_w<E, 1>(st, a, seg, l2, dout, du, dhalo, part, err);
+    case 2: return conv_bwd_w<E, 2>(st, a, seg, l2, dout, du, dhalo, part, err);
+    case 3: return conv_bwd_w<E, 3>(st, a, seg, l2, dout, du, dhalo, part, err);
+    default: return conv_bwd_w<E, 4>(st, a, seg, l2, dout, du, dhalo, part, err);
     }
 }
 
@@ -768,10 +770,8 @@ extern "C" int kda_cu_conv_fwd(void *stream, int dtype, int64_t B, int64_t T, in
                            NULL);
     cudaStream_t st = (cudaStream_t)stream;
     const int seg = (int)(hd / kVec);
-    if (dtype == K3RT_BF16)
-        launch_conv_fwd<bf16>(st, a, seg, l2, out);
-    else
-        launch_conv_fwd<float>(st, a, seg, l2, out);
+    K3RT_TRY(dtype == K3RT_BF16 ? launch_conv_fwd<bf16>(st, a, seg, l2, out, err)
+                                : launch_conv_fwd<float>(st, a, seg, l2, out, err));
     KDA_LAUNCHED("kda conv_fwd_kernel");
     return K3RT_OK;
 }
@@ -788,10 +788,9 @@ extern "C" int kda_cu_conv_bwd(void *stream, int dtype, int64_t B, int64_t T, in
     ConvArgs a = conv_args(B, T, C, W, u, halo, w, dstart, dout, du, dhalo);
     cudaStream_t st = (cudaStream_t)stream;
     const int seg = (int)(hd / kVec);
-    if (dtype == K3RT_BF16)
-        launch_conv_bwd<bf16>(st, a, seg, l2, dout, du, dhalo, part);
-    else
-        launch_conv_bwd<float>(st, a, seg, l2, dout, du, dhalo, part);
+    K3RT_TRY(dtype == K3RT_BF16 ? launch_conv_bwd<bf16>(st, a, seg, l2, dout, du, dhalo, part, err)
+                                : launch_conv_bwd<float>(st, a, seg, l2, dout, du, dhalo, part,
+                                                         err));
     KDA_LAUNCHED("kda conv_bwd_kernel");
     const int64_t nb = (a.N + R - 1) / R;
     sum_parts_kernel<<<blocks_for(C * W), kThreads, 0, st>>>(part, nb, C * W, dw);

@@ -470,15 +470,6 @@ __global__ void __launch_bounds__(ST) state_bwd_simt(StateArgs sa)
             sa.d_s0[(hi * D + j) * D + col] = dS[j * (SV + 1) + v];
 }
 
-template <typename K> int allow_smem(K kernel, size_t bytes, const char *name, k3rt_error *err)
-{
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)bytes);
-    if (e != cudaSuccess)
-        return cu_fail(err, e, name);
-    return K3RT_OK;
-}
-
 StateArgs state_args(const Dims &d, const kda_cuda_args *a, const Bufs &b)
 {
     StateArgs s;
