@@ -70,7 +70,7 @@ echo "SIGKILL of rank 1 under mpirun"
 job=$!
 wait_checkpoint "$work/killed"
 victim=$(rank_pid OMPI_COMM_WORLD_RANK=1 "$work/killed")
-[ -n "$victim" ] || { echo "FAIL: rank 1 not found"; exit 1; }
+[ -n "$victim" ] || { echo "FAIL: rank 1 not found; the job's log:"; cat "$work/killed.log"; exit 1; }
 kill -9 "$victim"
 wait_bounded "$job" 60
 [ "$status" -ne 0 ] || { echo "FAIL: mpirun exited 0 after rank 1 was killed"; exit 1; }
