@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "muon_cuda.h"
@@ -32,8 +33,14 @@ int cu_fail(k3rt_error *err, cudaError_t e, const char *what)
     } while (0)
 #define MU_LAUNCHED(name) MU_TRY(cudaGetLastError(), "launch of " name)
 
+// Element i of a block at row i / cols, column i % cols; in 32 bits when it fits (the 64-bit
+// division is several times the cost of the element's own work).
 __device__ __forceinline__ int64_t elem(int64_t i, int64_t cols, int64_t ld, int64_t src)
 {
+    if (i <= INT32_MAX && cols <= INT32_MAX) {
+        uint32_t r = (uint32_t)i / (uint32_t)cols;
+        return src + (int64_t)r * ld + (i - (int64_t)r * cols);
+    }
     return src + (i / cols) * ld + i % cols;
 }
 
@@ -53,6 +60,76 @@ __device__ __forceinline__ double block_sum(double v)
     return t;
 }
 
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+
+// V consecutive values (V = 4: one 16-byte or 8-byte access) to and from floats.
+template <int V, typename T> __device__ __forceinline__ void ldv(const T *p, float (&x)[V])
+{
+    if constexpr (V == 1) {
+        x[0] = to_f(*p);
+    } else if constexpr (sizeof(T) == 4) {
+        float4 t = *reinterpret_cast<const float4 *>(p);
+        x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
+    } else {
+        uint2 t = *reinterpret_cast<const uint2 *>(p);
+        const bf16 *h = reinterpret_cast<const bf16 *>(&t);
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            x[c] = __bfloat162float(h[c]);
+    }
+}
+template <int V, typename T> __device__ __forceinline__ void stv(T *p, const float (&x)[V])
+{
+    if constexpr (V == 1) {
+        if constexpr (sizeof(T) == 2)
+            *p = __float2bfloat16_rn(x[0]);
+        else
+            *p = x[0];
+    } else if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float4 *>(p) = make_float4(x[0], x[1], x[2], x[3]);
+    } else {
+        uint2 t;
+        bf16 *h = reinterpret_cast<bf16 *>(&t);
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            h[c] = __float2bfloat16_rn(x[c]);
+        *reinterpret_cast<uint2 *>(p) = t;
+    }
+}
+
+__device__ __forceinline__ bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+// Whether a chunk runs four elements to an access: every run of four is in one row and starts
+// 16 bytes into both its parameter and the arena.
+__device__ __forceinline__ bool quads(const muon_cu_block &b, const muon_cu_chunk &c)
+{
+    return ((b.cols | b.ld | b.src | b.dst | c.first | (int64_t)c.count) & 3) == 0;
+}
+
+template <int V>
+__device__ double momentum_walk(const muon_cu_chunk &c, const muon_cu_block &b,
+                                const muon_cu_ptrs &p, float beta, float one_beta, int nesterov,
+                                float *u)
+{
+    double acc = 0.0;
+    for (int k = threadIdx.x * V; k < c.count; k += kThreads * V) {
+        int64_t i = c.first + k, e = elem(i, b.cols, b.ld, b.src);
+        float g[V], m[V], v[V];
+        ldv<V>(p.g + e, g);
+        ldv<V>(p.mom + e, m);
+#pragma unroll
+        for (int q = 0; q < V; q++) {
+            m[q] = beta * m[q] + one_beta * g[q];
+            v[q] = nesterov ? one_beta * g[q] + beta * m[q] : m[q];
+            acc += (double)v[q] * v[q];  // in double, as the CPU sums
+        }
+        stv<V>(p.mom + e, m);
+        stv<V>(u + b.dst + i, v);
+    }
+    return acc;
+}
+
 __global__ void __launch_bounds__(kThreads)
 momentum_kernel(const muon_cu_ptrs *ptrs, const muon_cu_block *blocks,
                 const muon_cu_chunk *chunks, float beta, float one_beta, int nesterov, float *u,
@@ -61,19 +138,26 @@ momentum_kernel(const muon_cu_ptrs *ptrs, const muon_cu_block *blocks,
     const muon_cu_chunk c = chunks[blockIdx.x];
     const muon_cu_block b = blocks[c.owner];
     const muon_cu_ptrs p = ptrs[b.ptrs];
-    double acc = 0.0;
-    for (int k = threadIdx.x; k < c.count; k += kThreads) {
-        int64_t i = c.first + k, e = elem(i, b.cols, b.ld, b.src);
-        float g = p.g[e];
-        float m = beta * p.mom[e] + one_beta * g;
-        p.mom[e] = m;
-        float v = nesterov ? one_beta * g + beta * m : m;
-        u[b.dst + i] = v;
-        acc += (double)v * v;  // in double, as the CPU sums
-    }
-    double t = block_sum(acc);
+    const bool q4 = quads(b, c) && al16(p.g) && al16(p.mom) && al16(u);
+    double t = block_sum(q4 ? momentum_walk<4>(c, b, p, beta, one_beta, nesterov, u)
+                            : momentum_walk<1>(c, b, p, beta, one_beta, nesterov, u));
     if (threadIdx.x == 0)
         partial[blockIdx.x] = t;
+}
+
+template <int V, typename T>
+__device__ void normalise_walk(const muon_cu_chunk &c, const muon_cu_block &b, float f,
+                               const float *u, T *x)
+{
+    for (int k = threadIdx.x * V; k < c.count; k += kThreads * V) {
+        int64_t i = b.dst + c.first + k;
+        float v[V];
+        ldv<V>(u + i, v);
+#pragma unroll
+        for (int q = 0; q < V; q++)
+            v[q] *= f;
+        stv<V>(x + i, v);
+    }
 }
 
 template <typename T>
@@ -91,19 +175,27 @@ normalise_kernel(const muon_cu_block *blocks, const muon_cu_chunk *chunks,
         inv = (float)(1.0 / (sqrt(ss) + eps));
     }
     __syncthreads();
-    const float f = inv;
-    for (int k = threadIdx.x; k < c.count; k += kThreads) {
-        int64_t i = b.dst + c.first + k;
-        float v = u[i] * f;
-        if constexpr (sizeof(T) == 2)
-            x[i] = __float2bfloat16_rn(v);
-        else
-            x[i] = v;
-    }
+    if (quads(b, c) && al16(u) && al16(x))
+        normalise_walk<4>(c, b, inv, u, x);
+    else
+        normalise_walk<1>(c, b, inv, u, x);
 }
 
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+template <int V, typename T>
+__device__ void apply_walk(const muon_cu_chunk &c, const muon_cu_block &b, float *w, const T *x,
+                           float keep, float rate)
+{
+    for (int k = threadIdx.x * V; k < c.count; k += kThreads * V) {
+        int64_t i = c.first + k, e = elem(i, b.cols, b.ld, b.src);
+        float wv[V], xv[V];
+        ldv<V>(w + e, wv);
+        ldv<V>(x + b.dst + i, xv);
+#pragma unroll
+        for (int q = 0; q < V; q++)
+            wv[q] = wv[q] * keep - rate * xv[q];
+        stv<V>(w + e, wv);
+    }
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -116,10 +208,10 @@ apply_kernel(const muon_cu_ptrs *ptrs, const muon_cu_block *blocks, const muon_c
     // As the CPU folds them: in double, then the parameters' f32.
     const float rate = (float)(lr * scale * b.shape);
     const float keep = (float)(1.0 - (b.decayed ? lr * wd : 0.0));
-    for (int k = threadIdx.x; k < c.count; k += kThreads) {
-        int64_t i = c.first + k, e = elem(i, b.cols, b.ld, b.src);
-        w[e] = w[e] * keep - rate * to_f(x[b.dst + i]);
-    }
+    if (quads(b, c) && al16(w) && al16(x))
+        apply_walk<4>(c, b, w, x, keep, rate);
+    else
+        apply_walk<1>(c, b, w, x, keep, rate);
 }
 
 __global__ void __launch_bounds__(kThreads)

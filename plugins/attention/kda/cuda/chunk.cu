@@ -784,10 +784,17 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
 }
 
 // ---- backward, part b ----------------------------------------------------------------------
+// Every product here contracts over tokens, never over key channels, so a chunk's columns split
+// into SPLIT independent blocks of CW = D / SPLIT channels (grid z). At D = 128 two 64-column
+// blocks hold half the accumulators and shared memory of one (77 KB, <= 128 registers): two
+// blocks and 16 warps per SM instead of one block and 8, which this latency-bound kernel needs.
+template <int D> struct BwdBSplit { static constexpr int v = D >= 64 ? 2 : 1; };
+
 template <typename E, int D> struct BwdBL {
+    static constexpr int CW = D / BwdBSplit<D>::v;
     static constexpr bool TC = sizeof(E) == 2;
-    static constexpr int P = Pad<E>::v, LD = D + P, LDT = C + P, LDH = GateLd<D>::LDH;
-    static constexpr size_t HR = al16((size_t)C * LDH * 4), CONST = 2 * NB * D * 4;
+    static constexpr int P = Pad<E>::v, LD = CW + P, LDT = C + P, LDH = GateLd<CW>::LDH;
+    static constexpr size_t HR = al16((size_t)C * LDH * 4), CONST = 2 * NB * CW * 4;
     static constexpr size_t TD = (size_t)C * LD * sizeof(E);
     static constexpr size_t QK = al16(cmax(2 * TD, (size_t)C * LDH * 4));  // Qt, Kt | dG
     static constexpr size_t KC = (size_t)KC_ROWS * LD * sizeof(E);
@@ -796,28 +803,34 @@ template <typename E, int D> struct BwdBL {
                             o_da = o_kc + al16(KC), o_dl = o_da + DA, bytes = o_dl + DA;
 };
 
+// Block z owns key channels [z CW, z CW + CW); warp (R, h) of it rows 16 R + frow and columns
+// h CW/2 + fcol, which bwd_a's thread-major partials hold at its warp (R, z) and tile
+// nt + h CW/16 (bwd_a's warp h owns D/2 = CW columns when SPLIT is 2).
 template <typename E, int D>
-__global__ void __launch_bounds__(THREADS) bwd_b_kernel(BwdArgs ba)
+__global__ void __launch_bounds__(THREADS, BwdBSplit<D>::v) bwd_b_kernel(BwdArgs ba)
 {
     using L = BwdBL<E, D>;
-    constexpr int LD = L::LD, LDT = L::LDT, LDH = L::LDH, NT = D / 16, HALF = D / 2;
+    constexpr int CW = L::CW, LD = L::LD, LDT = L::LDT, LDH = L::LDH, NT = CW / 16,
+                  HALF = CW / 2, NTA = D / 16;
     constexpr bool TC = L::TC;
     extern __shared__ __align__(16) unsigned char smem[];
     float *Hr = reinterpret_cast<float *>(smem), *Gm = reinterpret_cast<float *>(smem + L::o_const),
-          *Sb = Gm + NB * D;
+          *Sb = Gm + NB * CW;
     E *Qt = reinterpret_cast<E *>(smem + L::o_qk), *Kt = Qt + C * LD,
       *KC = reinterpret_cast<E *>(smem + L::o_kc);
     float *dGs = reinterpret_cast<float *>(smem + L::o_qk);  // after the products
 
     const int64_t c = blockIdx.x;
-    const int hv = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int hv = blockIdx.y, z = blockIdx.z, col0 = z * CW, tid = threadIdx.x, warp = tid >> 5,
+              lane = tid & 31;
     ChunkInfo ci;
     if (!chunk_info(ba.seqs, c, ci))
         return;
     const int n = ci.n, HV = ba.HV, H = ba.H, hq = hv / (HV / H);
     const int64_t ldq = (int64_t)H * D, ldv = (int64_t)HV * D, ch = c * HV + hv;
-    const E *q = (const E *)ba.q + (ci.t0 * H + hq) * D, *k = (const E *)ba.k + (ci.t0 * H + hq) * D;
-    const E *g = (const E *)ba.g + (ci.t0 * HV + hv) * D;
+    const E *q = (const E *)ba.q + (ci.t0 * H + hq) * D + col0,
+            *k = (const E *)ba.k + (ci.t0 * H + hq) * D + col0;
+    const E *g = (const E *)ba.g + (ci.t0 * HV + hv) * D + col0;
     const E *dAsg = (const E *)ba.dAs + ch * C * C, *dLkg = (const E *)ba.dLk + ch * C * C;
     const E *dAs = dAsg, *dLk = dLkg;
     if (TC) {
@@ -828,14 +841,17 @@ __global__ void __launch_bounds__(THREADS) bwd_b_kernel(BwdArgs ba)
         dAs = a, dLk = b;
     }
     const int ldA = TC ? LDT : C;
-    gate_phase<E, D>(g, ldv, n, Hr, Gm, Sb, tid);
-    Gate<D> G{Hr, Gm, Sb, n - 1, (n - 1) / SUB};
-    build_sides<E, D, LD>(G, q, k, ldq, n, Qt, Kt, KC, (E *)nullptr, (E *)nullptr, 0.0f, tid);
+    gate_phase<E, CW>(g, ldv, n, Hr, Gm, Sb, tid);
+    Gate<CW> G{Hr, Gm, Sb, n - 1, (n - 1) / SUB};
+    build_sides<E, CW, LD>(G, q, k, ldq, n, Qt, Kt, KC, (E *)nullptr, (E *)nullptr, 0.0f, tid);
     cp_async_wait<0>();
     __syncthreads();
 
     const int R = warp >> 1, h = warp & 1;
     float dq[NT][4], dk[NT][4], dG[NT][4], acc[NT][4];
+    // bwd_a's owner of these columns: warp (R, col0 + h HALF) / (D / 2), from tile nta0
+    const int ja = col0 + h * HALF, tida = (R * 2 + ja / (D / 2)) * 32 + lane,
+              nta0 = (ja % (D / 2)) / 8;
     const float *pp = ba.part + ch * 3 * C * D;
     const float *dd = ba.dd + ch * C;
     const E *KCR = KC + kc_off(R) * LD;  // KC_R: k 2^-Hr on the rows of block R
@@ -848,9 +864,10 @@ __global__ void __launch_bounds__(THREADS) bwd_b_kernel(BwdArgs ba)
             float hr = G.hr(r, j);
             float qv = to_f(Qt[r * LD + j]) * ex2(-hr), kv = to_f(KCR[r * LD + j]) * ex2(hr);
             float x = dd[r];  // Aqk's diagonal, s q_r . k_r, carries no decay
-            dq[nt][e] = pp[((0 * NT + nt) * 4 + e) * THREADS + tid] + x * kv;
-            dk[nt][e] = pp[((1 * NT + nt) * 4 + e) * THREADS + tid] + x * qv;
-            dG[nt][e] = pp[((2 * NT + nt) * 4 + e) * THREADS + tid];
+            const int ta = nta0 + nt;
+            dq[nt][e] = pp[((0 * NTA + ta) * 4 + e) * THREADS + tida] + x * kv;
+            dk[nt][e] = pp[((1 * NTA + ta) * 4 + e) * THREADS + tida] + x * qv;
+            dG[nt][e] = pp[((2 * NTA + ta) * 4 + e) * THREADS + tida];
         }
     // row sides: dQt = dAs KC_R, dKt = dLk KC_R (K = columns up to block R);
     // dq += 2^Hr dQt, dG += Qt dQt, and the same for k
@@ -904,11 +921,11 @@ __global__ void __launch_bounds__(THREADS) bwd_b_kernel(BwdArgs ba)
             dGs[r * LDH + j + 1] = dG[nt][e + 1];
             if (r < n) {
                 if (gva) {
-                    int64_t o = ((ci.t0 + r) * HV + hv) * D + j;
+                    int64_t o = ((ci.t0 + r) * HV + hv) * D + col0 + j;
                     *reinterpret_cast<float2 *>(ba.dqv + o) = make_float2(dq[nt][e], dq[nt][e + 1]);
                     *reinterpret_cast<float2 *>(ba.dkv + o) = make_float2(dk[nt][e], dk[nt][e + 1]);
                 } else {
-                    int64_t o = ((ci.t0 + r) * H + hq) * D + j;
+                    int64_t o = ((ci.t0 + r) * H + hq) * D + col0 + j;
                     store2<E>((E *)ba.d_q + o, dq[nt][e], dq[nt][e + 1]);
                     store2<E>((E *)ba.d_k + o, dk[nt][e], dk[nt][e + 1]);
                 }
@@ -916,9 +933,9 @@ __global__ void __launch_bounds__(THREADS) bwd_b_kernel(BwdArgs ba)
         }
     __syncthreads();
     // dg_t = sum_{r >= t} dG_r (G_r = sum_{t <= r} g_t), the last row's Kb and γ terms added
-    if (tid < D) {
-        E *dg = (E *)ba.d_g + (ci.t0 * HV + hv) * D + tid;
-        float run = ba.dGl[ch * D + tid];
+    if (tid < CW) {
+        E *dg = (E *)ba.d_g + (ci.t0 * HV + hv) * D + col0 + tid;
+        float run = ba.dGl[ch * D + col0 + tid];
         for (int r = n - 1; r >= 0; r--) {
             run += dGs[r * LDH + tid];
             dg[(int64_t)r * ldv] = from_f<E>(run);
@@ -954,7 +971,7 @@ int bwd_t(cudaStream_t st, const Dims &d, const kda_cuda_args *a, const Bufs &b,
     BwdArgs ba{d.seqs, (int)d.H, (int)d.HV, d.scale, a->q, a->k, a->v, a->g, a->beta, a->d_o,
                b.Qg, b.Kb, b.Tm, b.Lk, b.St, b.Dt, b.dSt, b.dDt, b.dAs, b.dLk, b.part, b.dGl, b.dd,
                a->d_v, a->d_beta, a->d_q, a->d_k, a->d_g, b.dqv, b.dkv};
-    dim3 grid((unsigned)d.NC, (unsigned)d.HV);
+    dim3 grid((unsigned)d.NC, (unsigned)d.HV), grid_b(grid.x, grid.y, BwdBSplit<D>::v);
     constexpr size_t sa = BwdAL<E, D>::bytes, sb = BwdBL<E, D>::bytes;
     static_assert(sa <= 227 * 1024 && sb <= 227 * 1024, "bwd: shared memory");
     if (allow_smem(bwd_a_kernel<E, D>, sa, "cudaFuncSetAttribute (kda bwd_a_kernel)", err) ||
@@ -962,7 +979,7 @@ int bwd_t(cudaStream_t st, const Dims &d, const kda_cuda_args *a, const Bufs &b,
         return K3RT_ERR_DEVICE;
     bwd_a_kernel<E, D><<<grid, THREADS, sa, st>>>(ba);
     KDA_LAUNCHED("kda bwd_a_kernel");
-    bwd_b_kernel<E, D><<<grid, THREADS, sb, st>>>(ba);
+    bwd_b_kernel<E, D><<<grid_b, THREADS, sb, st>>>(ba);
     KDA_LAUNCHED("kda bwd_b_kernel");
     return K3RT_OK;
 }
