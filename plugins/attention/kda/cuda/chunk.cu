@@ -46,13 +46,9 @@ template <typename E>
 __device__ __forceinline__ void load_vec(float (&x)[Vec<E>::V], const E *p, bool ok)
 {
     constexpr int V = Vec<E>::V;
-    if (!ok) {
-#pragma unroll
-        for (int c = 0; c < V; c++)
-            x[c] = 0.0f;
-        return;
-    }
-    uint4 u = *reinterpret_cast<const uint4 *>(p);
+    uint4 u = make_uint4(0u, 0u, 0u, 0u);  // a predicated load, not a branch per call site
+    if (ok)
+        u = *reinterpret_cast<const uint4 *>(p);
     if constexpr (sizeof(E) == 2) {
         const bf16 *h = reinterpret_cast<const bf16 *>(&u);
 #pragma unroll
@@ -138,17 +134,18 @@ template <int D> struct Gate {
     __device__ float hr(int r, int j) const { return Hr[r * GateLd<D>::LDH + j]; }
     __device__ float md(int I, int J, int j) const  // G_{m_I} - G_{m_J}, I >= J
     {
-        float s = 0.0f;
-        for (int x = J + 1; x <= I; x++)
-            s += Sb[x * D + j];
+        float s = 0.0f;  // at most NB - 1 terms: a fixed, predicated loop (a bounded one unrolls 8x)
+#pragma unroll
+        for (int x = 1; x < NB; x++)
+            if (x > J && x <= I)
+                s += Sb[x * D + j];
         return s;
     }
     __device__ float gam(int r, int j) const { return ex2(Gm[(r / SUB) * D + j] + hr(r, j)); }
-    // e^{G_last - G_r}, r <= last
-    __device__ float gbar(int r, int j) const
-    {
-        return ex2(md(Il, r / SUB, j) + hr(last, j) - hr(r, j));
-    }
+    // e^{G_last - G_r} = 2^(gbar_base(I(r), j) - Hr[r]), r <= last. Callers whose rows share a
+    // sub-chunk take the base once per column: the inner sum is a loop, and a loop in every
+    // unrolled element made these kernels' code overflow the instruction cache.
+    __device__ float gbar_base(int I, int j) const { return md(Il, I, j) + hr(last, j); }
     __device__ float gam_last(int j) const { return ex2(Gm[Il * D + j] + hr(last, j)); }
 };
 
@@ -186,11 +183,14 @@ __device__ void build_sides(const Gate<D> &G, const E *q, const E *k, int64_t ld
 #pragma unroll
         for (int c = 0; c < V; c++)
             md[c] = 0.0f;
+        float mdl[V] = {};  // Md(last's sub-chunk, I), met on the way (rows past n leave it unused)
         for (int I2 = I; I2 < NB; I2++) {
 #pragma unroll
             for (int c = 0; c < V; c++) {
                 if (I2 > I)
                     md[c] += G.Sb[I2 * D + j0 + c];
+                if (I2 == G.Il)
+                    mdl[c] = md[c];
                 a[c] = ok ? kv[u][c] * ex2(md[c] - h[c]) : 0.0f;
             }
             store_vec<E>(KC + (kc_off(I2) + r) * LD + j0, a);
@@ -199,7 +199,7 @@ __device__ void build_sides(const Gate<D> &G, const E *q, const E *k, int64_t ld
 #pragma unroll
             for (int c = 0; c < V; c++) {
                 a[c] = ok ? s * qv[u][c] * G.gam(r, j0 + c) : 0.0f;
-                b[c] = ok ? kv[u][c] * G.gbar(r, j0 + c) : 0.0f;
+                b[c] = ok ? kv[u][c] * ex2(mdl[c] + G.hr(G.last, j0 + c) - h[c]) : 0.0f;
             }
             store_vec<E>(Qg + r * D + j0, a);
             store_vec<E>(Kb + r * D + j0, b);
@@ -600,6 +600,12 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
     zero(acc);
     mm<NT, true, true>(acc, Dt + R * SUB, ldd, St + h * HALF, lds, D, lane);
     {
+        float gb[NT][2];  // e^{G_last - G_r} = 2^(gb - Hr[r]): the owner's rows are in block R
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                gb[nt][e] = G.gbar_base(R, own_j(nt, e));
         float cs[NT][2];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -608,7 +614,7 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
             for (int e = 0; e < 4; e++) {
                 int r = own_r(e), j = own_j(nt, e);
                 if (r < n) {
-                    dk[nt][e] += G.gbar(r, j) * acc[nt][e];
+                    dk[nt][e] += ex2(gb[nt][e & 1] - G.hr(r, j)) * acc[nt][e];
                     if (r < n - 1) {
                         float x = to_f(Kb[r * ldqk + j]) * acc[nt][e];
                         dG[nt][e] -= x;
@@ -892,7 +898,17 @@ __global__ void __launch_bounds__(THREADS, BwdBSplit<D>::v) bwd_b_kernel(BwdArgs
             dG[nt][e] += to_f(Kt[r * LD + j]) * acc[nt][e];
         }
     // column sides: rows of block R in KC_I for every I >= R; dk += 2^(Md - Hr) dKC, dG -= KC dKC
+    float md[NT][2];  // Md(I, R) of the owner's columns, summed as I grows
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        md[nt][0] = md[nt][1] = 0.0f;
     for (int I = R; I < NB; I++) {
+        if (I > R)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    md[nt][e] += Sb[I * CW + h * HALF + fcol(lane, nt, e)];
         zero(acc);
         mm<NT, true, true>(acc, dAs + I * SUB * ldA + R * SUB, ldA, Qt + I * SUB * LD + h * HALF, LD,
                            SUB, lane);
@@ -904,7 +920,7 @@ __global__ void __launch_bounds__(THREADS, BwdBSplit<D>::v) bwd_b_kernel(BwdArgs
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = R * SUB + frow(lane, e), j = h * HALF + fcol(lane, nt, e);
-                dk[nt][e] += ex2(G.md(I, R, j) - G.hr(r, j)) * acc[nt][e];
+                dk[nt][e] += ex2(md[nt][e & 1] - G.hr(r, j)) * acc[nt][e];
                 dG[nt][e] -= to_f(KCI[r * LD + j]) * acc[nt][e];
             }
     }
