@@ -17,25 +17,30 @@ static int tok_is_shards(const json_t *data)
 int cmd_eval(int argc, char **argv)
 {
     const char *path = NULL;
-    const char *grads = NULL;
+    const char *grads = NULL, *device = "cpu";
     long long windows = 0;
     plugin_sources plugins = {0};
     for (int i = 1, pa; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) {
-            printf("usage: k3rt eval CHECKPOINT [--windows N] [--grads FILE] [--plugin-path DIRS] "
-                   "[--plugin PATH]...\n"
+            printf("usage: k3rt eval CHECKPOINT [--windows N] [--grads FILE] [--device D] "
+                   "[--plugin-path DIRS] [--plugin PATH]...\n"
                    "CHECKPOINT is a checkpoint directory or a run's checkpoints directory "
                    "(the newest complete one is used), or a recipe (.lua) whose\n"
                    "train.init_weights names the weights (k3rt import writes one).\n"
                    "--grads FILE: instead, one training forward and backward on the micro-batch "
                    "the next step would take first; writes the batch, the loss, every "
                    "parameter's gradient and the expert choices to FILE (safetensors).\n"
+                   "--device auto|cpu|cuda: where the model runs (default cpu; on the GPU in\n"
+                   "the recipe's plan.dtype, as training runs it).\n"
                    CLI_PLUGIN_USAGE);
             return 0;
         } else if (!strcmp(argv[i], "--windows") && i + 1 < argc) {
             windows = atoll(argv[++i]);
         } else if (!strcmp(argv[i], "--grads") && i + 1 < argc) {
             grads = argv[++i];
+        } else if ((pa = cli_device_arg("eval", argc, argv, &i, &device)) != 0) {
+            if (pa < 0)
+                return 2;
         } else if ((pa = cli_plugin_arg(argc, argv, &i, &plugins)) != 0) {
             if (pa < 0)
                 return 2;
@@ -55,8 +60,8 @@ int cmd_eval(int argc, char **argv)
     token_stream train = {0}, val = {0};
     size_t len = strlen(path);
     int rc = len > 4 && !strcmp(path + len - 4, ".lua")
-                 ? ckpt_model_from_recipe(&c, path, &plugins, 0, &err)
-                 : ckpt_model_open(&c, path, &plugins, 0, "cpu", &err);
+                 ? ckpt_model_from_recipe(&c, path, &plugins, 0, device, &err)
+                 : ckpt_model_open(&c, path, &plugins, 0, device, &err);
     const json_t *data = rc ? NULL : json_object_get(c.doc, "data");
     const json_t *plan = rc ? NULL : json_object_get(c.doc, "plan");
     if (!rc && grads) {

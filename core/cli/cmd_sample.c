@@ -38,13 +38,9 @@ int cmd_sample(int argc, char **argv)
             seed = atoll(argv[++i]);
         } else if (!strcmp(a, "--prompt") && i + 1 < argc) {
             prompt = argv[++i];
-        } else if (!strcmp(a, "--device") && i + 1 < argc) {
-            device = argv[++i];
-            if (strcmp(device, "auto") && strcmp(device, "cpu") && strcmp(device, "cuda")) {
-                fprintf(stderr, "k3rt sample: --device %s: expected auto, cpu or cuda\n",
-                        device);
+        } else if ((pa = cli_device_arg("sample", argc, argv, &i, &device)) != 0) {
+            if (pa < 0)
                 return 2;
-            }
         } else if (!strcmp(a, "--recompute")) {
             recompute = 1;
         } else if ((pa = cli_plugin_arg(argc, argv, &i, &plugins)) != 0) {

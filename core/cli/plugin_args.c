@@ -1,4 +1,4 @@
-/* --plugin-path and --plugin (plugin_args.h). */
+/* --plugin-path, --plugin and --device (plugin_args.h). */
 #include "cli/plugin_args.h"
 
 #include <stdio.h>
@@ -20,5 +20,18 @@ int cli_plugin_arg(int argc, char **argv, int *i, plugin_sources *src)
         return -1;
     }
     src->files[src->n_files++] = argv[++*i];
+    return 1;
+}
+
+int cli_device_arg(const char *cmd, int argc, char **argv, int *i, const char **device)
+{
+    if (strcmp(argv[*i], "--device") || *i + 1 >= argc)
+        return 0;
+    const char *v = argv[++*i];
+    if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda")) {
+        fprintf(stderr, "k3rt %s: --device %s: expected auto, cpu or cuda\n", cmd, v);
+        return -1;
+    }
+    *device = v;
     return 1;
 }

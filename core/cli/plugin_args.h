@@ -1,5 +1,5 @@
-/* The plugin options shared by train, eval and sample: --plugin-path DIRS and --plugin PATH
- * (repeatable). */
+/* The options shared by train, eval and sample: --plugin-path DIRS and --plugin PATH
+ * (repeatable); --device auto|cpu|cuda for eval and sample. */
 #ifndef K3RT_CLI_PLUGIN_ARGS_H
 #define K3RT_CLI_PLUGIN_ARGS_H
 
@@ -13,5 +13,9 @@
 /* Consumes argv[*i] and its value when it is one of the two options: returns 1 then, 0 when it
  * is not one of them, -1 (with a message on stderr) for more --plugin files than fit. */
 int cli_plugin_arg(int argc, char **argv, int *i, plugin_sources *src);
+
+/* Consumes --device and its value into *device: 1 then, 0 when argv[*i] is not --device, -1
+ * (with a message naming `cmd` on stderr) for a value other than auto, cpu or cuda. */
+int cli_device_arg(const char *cmd, int argc, char **argv, int *i, const char **device);
 
 #endif

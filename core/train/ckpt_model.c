@@ -117,7 +117,7 @@ int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugi
 }
 
 int ckpt_model_from_recipe(ckpt_model *c, const char *path, const plugin_sources *plugins,
-                           int threads, k3rt_error *err)
+                           int threads, const char *device, k3rt_error *err)
 {
     memset(c, 0, sizeof *c);
     snprintf(c->dir, sizeof c->dir, "%s", path);
@@ -132,7 +132,7 @@ int ckpt_model_from_recipe(ckpt_model *c, const char *path, const plugin_sources
     if (!json_string_value(json_object_get(json_object_get(c->doc, "train"), "init_weights")))
         return k3rt_fail(err, K3RT_ERR_INVALID, "%s: train.init_weights names no weights file "
                          "(a recipe is evaluated with the weights it loads)", path);
-    K3RT_TRY(build(c, threads, "cpu", err));
+    K3RT_TRY(build(c, threads, device, err));
     return load_init_weights(&c->m, c->doc, err);
 }
 

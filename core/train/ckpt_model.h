@@ -23,9 +23,10 @@ typedef struct ckpt_model {
  * recipe's plan.dtype (auto: bf16). */
 int ckpt_model_open(ckpt_model *c, const char *path, const plugin_sources *plugins, int threads,
                     const char *device, k3rt_error *err);
-/* path: a recipe whose train.init_weights names the weights (what `k3rt import` writes). */
+/* path: a recipe whose train.init_weights names the weights (what `k3rt import` writes);
+ * device as for ckpt_model_open. */
 int ckpt_model_from_recipe(ckpt_model *c, const char *path, const plugin_sources *plugins,
-                           int threads, k3rt_error *err);
+                           int threads, const char *device, k3rt_error *err);
 void ckpt_model_close(ckpt_model *c);
 
 /* grad_dump.c (`k3rt eval --grads`): one training forward and backward on the micro-batch the

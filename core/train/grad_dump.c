@@ -46,6 +46,41 @@ static int build_entries(model *m, const int32_t *in, const int32_t *tg, const d
     return n;
 }
 
+static size_t entry_bytes(const st_entry *e)
+{
+    int64_t numel = 1;
+    for (int k = 0; k < e->ndim; k++)
+        numel *= e->shape[k];
+    return (size_t)numel * k3rt_dtype_size(e->dtype);
+}
+
+static size_t padded(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+/* On a GPU the gradients and expert choices are device memory: entries [first, n) are pointed
+ * at host copies in one buffer (*host, freed by the caller), after the stream's work. */
+static int stage_to_host(const ckpt_model *c, st_entry *e, int first, int n, void **host,
+                         k3rt_error *err)
+{
+    *host = NULL;
+    if (c->device == K3RT_DEVICE_CPU)
+        return K3RT_OK;
+    size_t total = 0;
+    for (int i = first; i < n; i++)
+        total += padded(entry_bytes(&e[i]));
+    char *buf = malloc(total ? total : 1);
+    if (!buf)
+        return k3rt_fail(err, K3RT_ERR_NOMEM, "eval --grads: out of memory (%zu bytes of host "
+                         "copies of the gradients)", total);
+    *host = buf;
+    for (int i = first; i < n; i++) {
+        size_t b = entry_bytes(&e[i]);
+        K3RT_TRY(k3rt_memcpy(c->stream, buf, K3RT_DEVICE_CPU, e[i].data, c->device, b, err));
+        e[i].data = buf;
+        buf += padded(b);
+    }
+    return k3rt_stream_sync(c->stream, err);
+}
+
 int grad_dump(ckpt_model *c, const token_stream *train, const char *path, k3rt_error *err)
 {
     model *m = &c->m;
@@ -77,8 +112,13 @@ int grad_dump(ckpt_model *c, const token_stream *train, const char *path, k3rt_e
         loss[0] /= (double)N;
         loss[1] = m->aux_loss;
     }
+    void *host = NULL;
+    int n = rc ? 0 : build_entries(m, in, tg, loss, e, &nm);
     if (!rc)
-        rc = st_write(path, e, build_entries(m, in, tg, loss, e, &nm), NULL, err);
+        rc = stage_to_host(c, e, 3, n, &host, err);  /* the batch and the loss are host values */
+    if (!rc)
+        rc = st_write(path, e, n, NULL, err);
+    free(host);
     if (!rc)
         printf("%s: step %lld's first micro-batch (%lld x %lld): loss %.9g, %d gradients -> %s\n",
                c->dir, (long long)step + 1, (long long)B, (long long)T, loss[0], m->n_params,

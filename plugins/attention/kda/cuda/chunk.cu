@@ -264,8 +264,11 @@ struct PrepArgs {
 
 // Per chunk: Qg, Kb, γ, Aqk, (I + L)^-1 via forward substitution and block merges in fp32,
 // W = T (beta Γ k), U^T = (beta v)^T T^T; with BWD also T and Lk (unscaled L).
+// Two blocks an SM on bf16 (shared memory allows it at D = 128: 2 x 113 KB): <= 128 registers.
+template <typename E> struct PrepOcc { static constexpr int v = sizeof(E) == 2 ? 2 : 1; };
+
 template <typename E, int D, bool BWD>
-__global__ void __launch_bounds__(THREADS) prep_kernel(PrepArgs pa)
+__global__ void __launch_bounds__(THREADS, PrepOcc<E>::v) prep_kernel(PrepArgs pa)
 {
     using L = PrepL<E, D>;
     constexpr int LD = L::LD, LDT = L::LDT, LDF = L::LDF;
