@@ -16,7 +16,7 @@
 # the nvidia wheels next to PyTorch.
 #
 # Environment: K3RT_GPU_SECTIONS (default "tests bench") picks from tests, memcheck, racecheck,
-# bench; K3RT_GPU_TESTS (default all) names the gpu_test_* programs to run; K3RT_BENCH_RUNS
+# parity (scripts/gpu/k3_parity.sh), bench; K3RT_GPU_TESTS (default all) names the gpu_test_* programs to run; K3RT_BENCH_RUNS
 # (default 30) sets the timed runs per op.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -73,6 +73,10 @@ for t in "${tests[@]}"; do
     want racecheck && run_logged "racecheck $name" "$LOGS/$name.racecheck.log" \
         compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 "$t"
 done
+
+# Issue 20's parity: K3 models trained on the GPU against the PyTorch peer (f32 and bf16).
+want parity && run_logged "parity" "$LOGS/parity.log" "$ROOT/scripts/gpu/k3_parity.sh" "$BUILD" \
+    "$LOGS/parity"
 
 if want bench; then
     run_logged "bench ops" "$LOGS/bench.log" python3 "$ROOT/scripts/bench/gpu_ops.py" \

@@ -44,18 +44,23 @@
  *         chunk's dq, dk, dG accumulators (registers across the phases): dAqk = dO Δ^T,
  *         dQg = dO S^T, dKb = Δ dS'^T, dW = -dΔ S^T, dT = dW (beta Γ k)^T + dΔ (beta v)^T,
  *         T^T dW, T^T dΔ (-> dv), dL = -T^T dT T^T (-> dbeta, dLk).
- *  bwd_b  chunk-parallel, same ownership: the pairwise terms of Aqk and L through the same
- *         midpoint factorisation, then the reverse cumulative sum of dG over the chunk -> dg.
+ *  bwd_b  chunk-parallel: the pairwise terms of Aqk and L through the same midpoint
+ *         factorisation, then the reverse cumulative sum of dG over the chunk -> dg. Its
+ *         products contract over tokens only, so at D >= 64 a chunk's channels are two blocks
+ *         of D/2 (grid z; 77 KB and 128 registers at D = 128: two blocks an SM).
  * Stored rather than recomputed (`saved`, written by the forward): the chunk-start states S^T and
  * the corrections Δ^T (spare the backward a second sequential pass), and the prep's outputs Qg,
  * Kb, W, Aqk, T, L, γ: recomputing them cost the backward 1.53 ms of 9.65 at B8 T4096 H16 D128
  * (H200, 2026-12-01), keeping them costs the forward ~0.1 ms of stores and 72 KB per chunk and
  * value head (bf16, D = 128; saved is ~1.9 KB per token and head in all). Recomputed: the
  * gate exponents and the sub-chunk sides (Qt, Kt, KC) in bwd_a / bwd_b, from q, k, g.
- * Measured (NOTES.md; bf16, B8 T4096 H16 D128, H200): prep 1.52 ms, state 0.58 ms forward,
- * reverse state 0.47, bwd_a 3.50, bwd_b 2.39 ms. The chunk kernels are latency-bound (8 or 16
- * warps per SM, a dozen block barriers between short phases, 1 block per SM for bwd_a / bwd_b
- * at 223 / 131 KB of shared memory), far from the memory floor (~0.3 ms for the forward);
+ * Measured (NOTES.md; bf16, B8 T4096 H8 D128, H200, 2026-12-04, ncu): prep 0.73 ms at one
+ * block an SM (two now: the layer's forward is 0.22 ms shorter; prep not timed alone), state
+ * 0.28 ms forward, reverse state 0.26, bwd_a 0.97, bwd_b 0.47 ms. The chunk
+ * kernels are latency-bound (a dozen block barriers between short phases; bwd_a at one block
+ * an SM, 229 KB of shared memory and 170 registers), far from the memory floor; their code
+ * must stay well inside the instruction cache (NOTES.md: at 160 KB bwd_a waited on
+ * instruction fetch for 47 % of its cycles);
  * the state passes are bound by their chain of dependent products (0.58 ms for 64 chunks at
  * one 8-warp block per head; 3.9 ms for 1024 chunks at batch 1, one warp per block).
  * Arithmetic: bf16 data runs the products on the tensor cores (bf16 operands, fp32 accumulation,
