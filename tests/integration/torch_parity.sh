@@ -9,7 +9,8 @@
 #       reproduced token for token;
 #   f32 (the main job's model with k3rt's expert choice given, and dense_mla.lua at small
 #       widths through torch_dense.py): loss 1e-5, gradients 1e-4;
-#   and a mismatched pair (f32 gradients against f64 weights at the f64 tolerances) must fail.
+#   and a mismatched pair (f32 gradients against f64 weights at the f64 tolerances) must fail;
+#   scripts/bench/step.sh and scripts/gpu/k3_parity.sh run end to end on the CPU.
 # Skips (77) when no python3 with torch is found (K3RT_TORCH_PYTHON names one).
 # usage: torch_parity.sh K3RT_BINARY SOURCE_DIR
 set -u
@@ -82,5 +83,13 @@ grep -q "peer scripts/bench/torch_k3.py" "$TMP/step.out" &&
     grep -Eq "^k3rt +[0-9.]+ +[0-9]+" "$TMP/step.out" &&
     grep -Eq "^torch eager +[0-9.]+ +[0-9]+ .* [0-9]+\.[0-9]+$" "$TMP/step.out" ||
     { echo "FAIL: step.sh's table"; fail=1; }
+# scripts/gpu/k3_parity.sh (the same check for runs on the GPU) end to end on the CPU: its f32
+# case through `k3rt eval --device cpu` must pass
+echo "== k3_parity.sh (CPU smoke)"
+DEVICE=cpu CASES=tiny_f32 PY=$PY bash scripts/gpu/k3_parity.sh "$(dirname "$(dirname "$K3RT")")" \
+    "$TMP/k3_parity" > "$TMP/k3_parity.out" 2>&1
+rc=$?
+cat "$TMP/k3_parity.out"
+{ [ $rc -eq 0 ] && grep -q "^PASS" "$TMP/k3_parity.out"; } || { echo "FAIL: k3_parity.sh"; fail=1; }
 [ $fail -eq 0 ] && echo "torch parity: all passed"
 exit $fail
