@@ -109,6 +109,12 @@ int grad_dump(ckpt_model *c, const token_stream *train, const char *path, k3rt_e
         model_zero_grads(m);
         model_reset_routed(m);
         rc = model_train_step(m, in, tg, 1.0 / (double)N, 1.0, &loss[0], err);
+        /* on a GPU the auxiliary loss is staged on the device until flushed, and an
+         * out-of-range token is recorded there rather than trapped (as train_loop.c reads them) */
+        if (!rc)
+            rc = model_flush_routed(m, err);
+        if (!rc)
+            rc = k3rt_stream_index_error(c->stream, err);
         loss[0] /= (double)N;
         loss[1] = m->aux_loss;
     }

@@ -24,22 +24,27 @@ BUILD=$(cd "$1" && pwd) || exit 1
 WORK=${2:-/tmp/k3-parity}
 PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
-. "$ROOT/scripts/gpu/env.sh"
+if [ "$DEVICE" = cpu ]; then  # env.sh is the GPU machine's (its OpenBLAS core type, CUDA's paths)
+    LIBPATH=$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+else
+    . "$ROOT/scripts/gpu/env.sh"
+fi
 export K3RT_PLUGIN_PATH=$BUILD/plugins
 FLA=${FLA:-$ROOT/.ref/fla_pkg}
 [ -d "$FLA" ] && export PYTHONPATH=$FLA${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$WORK"
 cd "$ROOT" || exit 1
 k3() { LD_LIBRARY_PATH=$LIBPATH "$BUILD/bin/k3rt" "$@"; }
-fail=0
+fail=0 ran=0
 
 # case NAME RECIPE DTYPE LOSS_RTOL GRAD_RTOL [--set ...]
 case_() {
     local name=$1 recipe=$2 dt=$3 lt=$4 gt=$5
     shift 5
     local out=$WORK/$name log=$WORK/$name.log
-    rm -rf "$out"
     case " ${CASES:-$name} " in *" $name "*) ;; *) return ;; esac
+    ran=$((ran + 1))
+    rm -rf "$out"
     echo "== $name: $recipe, plan.dtype $dt on $DEVICE (loss $lt, gradients $gt)"
     if ! k3 train "$recipe" --out "$out" --no-sample --quiet --set "plan.device=\"$DEVICE\"" \
             --set "plan.dtype=\"$dt\"" --set train.steps=2 --set train.checkpoint_interval=2 \
@@ -48,15 +53,18 @@ case_() {
         echo "FAIL: k3rt on $name:"; tail -20 "$log"; fail=1; return
     fi
     tail -1 "$log"
-    local verbose=()
-    [ "${PEER:-0}" = 1 ] && [ "$dt" = bf16 ] && verbose=(--verbose)
+    local verbose=""
+    [ "${PEER:-0}" = 1 ] && [ "$dt" = bf16 ] && verbose=--verbose
     "$PY" scripts/bench/torch_k3.py --ckpt "$out" --check "$out.grads" --dtype f32 \
-        --forced-routing --loss-rtol "$lt" --grad-rtol "$gt" "${verbose[@]}" || fail=1
-    if [ ${#verbose[@]} -gt 0 ]; then
+        --forced-routing --loss-rtol "$lt" --grad-rtol "$gt" $verbose || fail=1
+    if [ -n "$verbose" ]; then
         echo "-- $name: the peer's bf16 fast path against k3rt's f32 CPU gradients (reference only)"
-        k3 eval "$out/checkpoints" --device cpu --grads "$out.f32.grads" >>"$log" 2>&1 &&
+        if k3 eval "$out/checkpoints" --device cpu --grads "$out.f32.grads" >>"$log" 2>&1; then
             "$PY" scripts/bench/torch_k3.py --ckpt "$out" --check "$out.f32.grads" --path fast \
                 --forced-routing --loss-rtol "$lt" --grad-rtol "$gt" --verbose
+        else
+            echo "(k3rt eval --device cpu failed:)"; tail -5 "$log"
+        fi
     fi
 }
 
@@ -65,5 +73,6 @@ case_ tiny_f32 scripts/recipes/tiny.lua f32 1e-5 1e-4 --set plan.micro_batch=4
 case_ tiny_bf16 scripts/recipes/tiny.lua bf16 2e-3 3e-2 --set plan.micro_batch=4
 case_ k3_mini4_f32 scripts/recipes/k3_mini.lua f32 1e-5 1e-4 "${MINI[@]}"
 case_ k3_mini4_bf16 scripts/recipes/k3_mini.lua bf16 2e-3 3e-2 "${MINI[@]}"
-[ $fail = 0 ] && echo "k3_parity: every case passed" || echo "k3_parity: FAILED"
+[ $ran -gt 0 ] || { echo "k3_parity: CASES=\"${CASES:-}\" names no case"; fail=1; }
+[ $fail = 0 ] && echo "k3_parity: every case passed ($ran)" || echo "k3_parity: FAILED"
 exit $fail

@@ -798,6 +798,11 @@ __global__ void __launch_bounds__(THREADS) bwd_a_kernel(BwdArgs ba)
 // blocks hold half the accumulators and shared memory of one (77 KB, <= 128 registers): two
 // blocks and 16 warps per SM instead of one block and 8, which this latency-bound kernel needs.
 template <int D> struct BwdBSplit { static constexpr int v = D >= 64 ? 2 : 1; };
+// Blocks an SM to fit registers for: two on bf16 (the point of the split); the f32 test path
+// keeps all the registers it wants.
+template <typename E, int D> struct BwdBOcc {
+    static constexpr int v = sizeof(E) == 2 ? BwdBSplit<D>::v : 1;
+};
 
 template <typename E, int D> struct BwdBL {
     static constexpr int CW = D / BwdBSplit<D>::v;
@@ -816,7 +821,7 @@ template <typename E, int D> struct BwdBL {
 // h CW/2 + fcol, which bwd_a's thread-major partials hold at its warp (R, z) and tile
 // nt + h CW/16 (bwd_a's warp h owns D/2 = CW columns when SPLIT is 2).
 template <typename E, int D>
-__global__ void __launch_bounds__(THREADS, BwdBSplit<D>::v) bwd_b_kernel(BwdArgs ba)
+__global__ void __launch_bounds__(THREADS, BwdBOcc<E, D>::v) bwd_b_kernel(BwdArgs ba)
 {
     using L = BwdBL<E, D>;
     constexpr int CW = L::CW, LD = L::LD, LDT = L::LDT, LDH = L::LDH, NT = CW / 16,
