@@ -1,5 +1,6 @@
 // The chunk-parallel kernels of KDA (kda_cuda.h): prep (forward and backward), bwd_a and bwd_b.
-// One block of 256 threads (8 warps) per (chunk, value head); E is the compute type: bf16 runs
+// One block of 256 threads (8 warps) per (chunk, value head; bwd_b: per half of its channels at
+// D >= 64); E is the compute type: bf16 runs
 // the products on the tensor cores from shared memory, float by scalar FMAs (the f32 path),
 // same code (common.cuh's engines).
 //
