@@ -5,6 +5,7 @@
 #define K3RT_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <k3rt/errors.h>
 #include <k3rt/host.h>
 #include <k3rt/stream.h>
@@ -22,6 +23,15 @@ struct k3rt_event {
     double host_s;   /* CPU: the host clock at the last record */
     void *native;    /* cudaEvent_t */
 };
+
+/* Counts one host wait for k3rt_host_wait_count (stream.c). */
+#ifdef __cplusplus
+extern "C" {
+#endif
+void host_wait_note(void);
+#ifdef __cplusplus
+}
+#endif
 
 /* CUDA backend (core/backend/cuda); the no-CUDA build provides versions that fail. */
 int cuda_backend_device_count(void);

@@ -1,6 +1,8 @@
 /* Timed spans of a training step (profile.h). */
 #include "model/profile.h"
 
+#include <k3rt/host.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +55,7 @@ int profile_step_begin(profile *p, int n_mods, k3rt_error *err)
     p->depth = 0;
     K3RT_TRY(k3rt_stream_sync(p->stream, err));
     p->t0 = k3rt_time_now();
+    p->waits0 = k3rt_host_wait_count();  /* after the profiler's own wait */
     return K3RT_OK;
 }
 
@@ -112,10 +115,12 @@ int profile_step_end(profile *p, int count, k3rt_error *err)
     if (p->depth)
         return k3rt_fail(err, K3RT_ERR_INVALID, "profile: part %d still open at the end of "
                          "the step", p->stack[p->depth - 1]);
+    int64_t waits = k3rt_host_wait_count() - p->waits0;  /* before the profiler's own wait */
     K3RT_TRY(k3rt_stream_sync(p->stream, err));
     double wall = 1e3 * (k3rt_time_now() - p->t0);
     if (!count)
         return K3RT_OK;
+    p->waits += waits;
     for (int i = 0; i < p->n_span; i++) {
         double ms;
         K3RT_TRY(k3rt_event_elapsed_ms(p->ev[2 * i], p->ev[2 * i + 1], &ms, err));

@@ -50,6 +50,8 @@ typedef struct profile {
     int64_t steps;          /* counted steps */
     double wall_ms;         /* their wall time, summed */
     double t0;
+    int64_t waits;          /* host waits (backend.h) inside the counted steps, summed */
+    int64_t waits0;         /* the count when this step began */
 } profile;
 
 int profile_create(profile **out, k3rt_stream *s, int device, k3rt_error *err);

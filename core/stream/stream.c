@@ -10,6 +10,15 @@
 
 static int is_cpu(int device) { return device == K3RT_DEVICE_CPU; }
 
+static _Atomic int64_t host_waits;
+
+void host_wait_note(void) { atomic_fetch_add_explicit(&host_waits, 1, memory_order_relaxed); }
+
+int64_t k3rt_host_wait_count(void)
+{
+    return atomic_load_explicit(&host_waits, memory_order_relaxed);
+}
+
 int k3rt_stream_create(int device, int role, k3rt_stream **out, k3rt_error *err)
 {
     k3rt_stream *s = calloc(1, sizeof *s);
@@ -43,6 +52,7 @@ void *k3rt_stream_native(const k3rt_stream *s) { return s ? s->native : NULL; }
 
 int k3rt_stream_sync(k3rt_stream *s, k3rt_error *err)
 {
+    host_wait_note();
     if (!s || is_cpu(s->device))
         return K3RT_OK;
     return cuda_stream_sync(s->native, err);
@@ -185,6 +195,8 @@ int k3rt_memcpy(k3rt_stream *s, void *dst, int dst_device, const void *src, int 
         memmove(dst, src, bytes);
         return K3RT_OK;
     }
+    if (is_cpu(dst_device))  /* from pageable memory the host waits for the stream; counted alike */
+        host_wait_note();
     return cuda_memcpy(s ? s->native : NULL, dst, dst_device, src, src_device, bytes, err);
 }
 

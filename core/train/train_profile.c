@@ -121,6 +121,9 @@ static void print_table(const rank_ctx *c, const prof_row *rows, int n, double p
     printf("  %-44s %-9s %9s %11.3f %6.1f%%\n", "gap (launches, host work, syncs)", "", "",
            wall - parts, wall > 0 ? 100 * (wall - parts) / wall : 0);
     printf("  %-44s %-9s %9s %11.3f\n", "step (wall)", "", "", wall);
+    printf("  host waits per step: %.1f (k3rt_stream_sync calls and copies from the device to "
+           "the host%s)\n", (double)p->waits / (double)p->steps,
+           c->r->device == K3RT_DEVICE_CPU ? "; on the CPU the calls wait nowhere" : "");
     fflush(stdout);
 }
 
@@ -141,12 +144,13 @@ static int report(rank_ctx *c, k3rt_error *err)
     }
     print_table(c, rows, n, parts, wall);
     free(rows);
-    json_t *rec = json_pack("{s:I, s:{s:I, s:I, s:I, s:s, s:f, s:f, s:f, s:o}}", "step",
+    json_t *rec = json_pack("{s:I, s:{s:I, s:I, s:I, s:s, s:f, s:f, s:f, s:f, s:o}}", "step",
                             (json_int_t)c->prof_last, "profile", "first_step",
                             (json_int_t)c->prof_first, "last_step", (json_int_t)c->prof_last,
                             "steps", (json_int_t)p->steps, "timer",
                             c->r->device == K3RT_DEVICE_CPU ? "host" : "cuda_events",
-                            "step_ms", wall, "parts_ms", parts, "gap_ms", wall - parts, "parts",
+                            "step_ms", wall, "parts_ms", parts, "gap_ms", wall - parts,
+                            "host_waits_per_step", (double)p->waits / (double)p->steps, "parts",
                             list);
     int rc = train_write_record(c->r, rec, err);
     json_decref(rec);

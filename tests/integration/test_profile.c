@@ -55,6 +55,10 @@ START_TEST(profile_names_every_module_sums_within_the_step_and_changes_no_number
     const json_t *comm = tu_profile_part(p, "communication", "step");
     ck_assert_ptr_nonnull(comm);
     ck_assert_double_eq(json_real_value(json_object_get(comm, "calls")), 0);
+    /* one host wait a step: the gradient norm's read (the loss and statistics come back with
+     * it); on the CPU the calls are counted where a GPU waits, less its copies to the host */
+    ck_assert_double_eq(json_real_value(json_object_get(p, "host_waits_per_step")), 1.0);
+    ck_assert_msg(strstr(log, "host waits per step: 1.0"), "%s", log);
     json_decref(p);
     free(log);
 

@@ -116,6 +116,7 @@ extern "C" int cuda_ctx_scratch(cuda_stream_ctx *c, size_t bytes, void **out, k3
 {
     if (bytes > c->scratch_bytes) {
         // The old buffer may still be read by queued kernels of this stream.
+        host_wait_note();
         cudaError_t e = cudaStreamSynchronize((cudaStream_t)c->stream);
         if (e != cudaSuccess)
             return cuda_fail(err, e, "cudaStreamSynchronize (growing scratch memory)");

@@ -57,6 +57,13 @@ K3RT_API int k3rt_event_elapsed_ms(const k3rt_event *start, const k3rt_event *en
  * synchronisation it makes anyway. K3RT_OK when none. */
 K3RT_API int k3rt_stream_index_error(k3rt_stream *s, k3rt_error *err);
 
+/* How many times this process has waited on a stream so far (every k3rt_stream_sync, every
+ * k3rt_memcpy from a CUDA device into host memory, the backend's own synchronisations): what
+ * `k3rt train --profile` shows per step. On the CPU the synchronisations wait nowhere but
+ * still count (the places a GPU run waits, less its copies to the host). Direct CUDA calls of
+ * plugins are not seen. */
+K3RT_API int64_t k3rt_host_wait_count(void);
+
 /* ---- Devices ---------------------------------------------------------------------------------- */
 
 /* Number of CUDA devices usable by this build (0 without CUDA or without a GPU). */
