@@ -50,7 +50,7 @@ typedef struct profile {
     int64_t steps;          /* counted steps */
     double wall_ms;         /* their wall time, summed */
     double t0;
-    int64_t waits;          /* host waits (backend.h) inside the counted steps, summed */
+    int64_t waits;          /* k3rt_host_wait_count's growth in the counted steps */
     int64_t waits0;         /* the count when this step began */
 } profile;
 

@@ -68,9 +68,7 @@ json_t *manifest_plugins(const model *m, const rig *opt)
     return list;
 }
 
-/* Points e at t's data, first copied to the host (into *owned, which the caller frees) when t
- * lives on a GPU. */
-static int entry_data(st_entry *e, const k3rt_tensor *t, k3rt_stream *s, void **owned,
+int ckpt_entry_data(st_entry *e, const k3rt_tensor *t, k3rt_stream *s, void **owned,
                       k3rt_error *err)
 {
     *owned = NULL;
@@ -105,7 +103,7 @@ static int write_weights(const model *m, const char *path, json_t **sums, k3rt_e
     int rc = e && owned ? K3RT_OK : k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");
     for (int i = 0; !rc && i < m->n_params; i++) {
         e[i].name = m->params[i].name;
-        rc = entry_data(&e[i], &m->params[i].master, m->opt.stream, &owned[i], err);
+        rc = ckpt_entry_data(&e[i], &m->params[i].master, m->opt.stream, &owned[i], err);
     }
     json_t *meta = json_pack("{s:s}", "format", "k3rt");
     if (!rc && !(*sums = ckpt_checksums(e, m->n_params)))
@@ -138,7 +136,7 @@ int ckpt_write_state(rank_ctx *c, const char *path, int mods, int opt, json_t **
             const tensor_sink_item *it = &s.sinks[i].items[j];
             snprintf(names[k], sizeof names[k], "%s%s", s.prefixes[i], it->name);
             e[k].name = names[k];
-            rc = entry_data(&e[k], &it->t, c->stream, &owned[k], err);
+            rc = ckpt_entry_data(&e[k], &it->t, c->stream, &owned[k], err);
         }
     if (!rc && !(*sums = ckpt_checksums(e, k)))
         rc = k3rt_fail(err, K3RT_ERR_NOMEM, "out of memory");

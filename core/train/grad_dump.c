@@ -17,68 +17,32 @@ typedef struct dump_names {
     int n;
 } dump_names;
 
-/* Fills e (3 + parameters + routed layers entries) and returns how many. */
+/* Fills e (3 + parameters + routed layers entries) and *n; gradients and expert choices on a
+ * GPU are copied to the host (into owned[], one per entry, which the caller frees). */
 static int build_entries(model *m, const int32_t *in, const int32_t *tg, const double *loss,
-                         st_entry *e, dump_names *nm)
+                         st_entry *e, dump_names *nm, void **owned, int *n, k3rt_error *err)
 {
-    int n = 0;
+    *n = 0;
     st_entry tok = {"tokens", K3RT_I32, 2, {m->B, m->T}, in};
     st_entry tgt = {"targets", K3RT_I32, 2, {m->B, m->T}, tg};
     st_entry lo = {"loss", K3RT_F64, 1, {2}, loss};  /* {token loss, auxiliary loss} */
-    e[n++] = tok, e[n++] = tgt, e[n++] = lo;
+    e[(*n)++] = tok, e[(*n)++] = tgt, e[(*n)++] = lo;
     for (int i = 0; i < m->n_params; i++) {
-        const param_slot *p = &m->params[i];
-        snprintf(nm->name[nm->n], sizeof nm->name[0], "grad.%s", p->name);
-        st_entry g = {nm->name[nm->n++], p->grad.dtype, p->decl.ndim, {0}, p->grad.data};
-        for (int k = 0; k < p->decl.ndim; k++)
-            g.shape[k] = p->decl.shape[k];
-        e[n++] = g;
+        snprintf(nm->name[nm->n], sizeof nm->name[0], "grad.%s", m->params[i].name);
+        e[*n].name = nm->name[nm->n++];
+        K3RT_TRY(ckpt_entry_data(&e[*n], &m->params[i].grad, m->opt.stream, &owned[*n], err));
+        ++*n;
     }
     for (int i = 0; i < m->n_layers; i++) {
         const k3rt_routing *r = &m->a->routing[i];
         if (!model_balancer(m, i) || r->selected.ndim != 2)
             continue;
         snprintf(nm->name[nm->n], sizeof nm->name[0], "routing.layers.%d.selected", i);
-        st_entry s = {nm->name[nm->n++], K3RT_I32, 2,
-                      {r->selected.shape[0], r->selected.shape[1]}, r->selected.data};
-        e[n++] = s;
+        e[*n].name = nm->name[nm->n++];
+        K3RT_TRY(ckpt_entry_data(&e[*n], &r->selected, m->opt.stream, &owned[*n], err));
+        ++*n;
     }
-    return n;
-}
-
-static size_t entry_bytes(const st_entry *e)
-{
-    int64_t numel = 1;
-    for (int k = 0; k < e->ndim; k++)
-        numel *= e->shape[k];
-    return (size_t)numel * k3rt_dtype_size(e->dtype);
-}
-
-static size_t padded(size_t bytes) { return (bytes + 15) / 16 * 16; }
-
-/* On a GPU the gradients and expert choices are device memory: entries [first, n) are pointed
- * at host copies in one buffer (*host, freed by the caller), after the stream's work. */
-static int stage_to_host(const ckpt_model *c, st_entry *e, int first, int n, void **host,
-                         k3rt_error *err)
-{
-    *host = NULL;
-    if (c->device == K3RT_DEVICE_CPU)
-        return K3RT_OK;
-    size_t total = 0;
-    for (int i = first; i < n; i++)
-        total += padded(entry_bytes(&e[i]));
-    char *buf = malloc(total ? total : 1);
-    if (!buf)
-        return k3rt_fail(err, K3RT_ERR_NOMEM, "eval --grads: out of memory (%zu bytes of host "
-                         "copies of the gradients)", total);
-    *host = buf;
-    for (int i = first; i < n; i++) {
-        size_t b = entry_bytes(&e[i]);
-        K3RT_TRY(k3rt_memcpy(c->stream, buf, K3RT_DEVICE_CPU, e[i].data, c->device, b, err));
-        e[i].data = buf;
-        buf += padded(b);
-    }
-    return k3rt_stream_sync(c->stream, err);
+    return K3RT_OK;
 }
 
 int grad_dump(ckpt_model *c, const token_stream *train, const char *path, k3rt_error *err)
@@ -98,7 +62,8 @@ int grad_dump(ckpt_model *c, const token_stream *train, const char *path, k3rt_e
     int cap = 3 + m->n_params + m->n_layers;
     st_entry *e = calloc((size_t)cap, sizeof *e);
     dump_names nm = {calloc((size_t)cap, sizeof *nm.name), 0};
-    int rc = in && tg && e && nm.name ? K3RT_OK
+    void **owned = calloc((size_t)cap, sizeof *owned);
+    int rc = in && tg && e && nm.name && owned ? K3RT_OK
                                       : k3rt_fail(err, K3RT_ERR_NOMEM, "eval --grads: out of memory");
     /* the index train_loop.c gives step + 1's first micro-batch on rank 0 */
     if (!rc)
@@ -118,13 +83,14 @@ int grad_dump(ckpt_model *c, const token_stream *train, const char *path, k3rt_e
         loss[0] /= (double)N;
         loss[1] = m->aux_loss;
     }
-    void *host = NULL;
-    int n = rc ? 0 : build_entries(m, in, tg, loss, e, &nm);
+    int n = 0;
     if (!rc)
-        rc = stage_to_host(c, e, 3, n, &host, err);  /* the batch and the loss are host values */
+        rc = build_entries(m, in, tg, loss, e, &nm, owned, &n, err);
     if (!rc)
         rc = st_write(path, e, n, NULL, err);
-    free(host);
+    for (int i = 0; owned && i < cap; i++)
+        free(owned[i]);
+    free(owned);
     if (!rc)
         printf("%s: step %lld's first micro-batch (%lld x %lld): loss %.9g, %d gradients -> %s\n",
                c->dir, (long long)step + 1, (long long)B, (long long)T, loss[0], m->n_params,

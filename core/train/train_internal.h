@@ -122,6 +122,11 @@ void *rank_main(void *arg);
  * state.safetensors), shard_sums: {file: checksums} of the shards. */
 int ckpt_save_run(rank_ctx *c, int64_t step, const char *begun, json_t *shards,
                   json_t *shard_sums, k3rt_error *err);
+/* Points e at t's data (dtype and shape too), first copied to the host (into *owned, which
+ * the caller frees) when t lives on a GPU. */
+struct st_entry;
+int ckpt_entry_data(struct st_entry *e, const k3rt_tensor *t, k3rt_stream *s, void **owned,
+                    k3rt_error *err);
 /* One safetensors file of this rank's state: the modules' (mods), the optimizer's (opt), under
  * the names of state.safetensors; *sums gets its checksums. */
 int ckpt_write_state(rank_ctx *c, const char *path, int mods, int opt, json_t **sums,

@@ -49,11 +49,7 @@ OUTDIR=${STEP_OUT:-/tmp/step-$stem}
 read -r -a EXTRA <<< "${SET:-}"
 K3RT=$BUILD/bin/k3rt
 [ -x "$K3RT" ] || { echo "step.sh: no k3rt at $K3RT (give a CUDA build folder)" >&2; exit 1; }
-if [ "${DEVICE:-cuda}" = cpu ]; then  # env.sh is the GPU machine's (its OpenBLAS core type)
-    LIBPATH=$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-else
-    . "$ROOT/scripts/gpu/env.sh"
-fi
+. "$ROOT/scripts/gpu/env.sh"
 export K3RT_PLUGIN_PATH=$BUILD/plugins
 FLA=${FLA:-$ROOT/.ref/fla_pkg}
 [ -d "$FLA" ] && export PYTHONPATH=$FLA${PYTHONPATH:+:$PYTHONPATH}

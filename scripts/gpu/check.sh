@@ -16,8 +16,8 @@
 # the nvidia wheels next to PyTorch.
 #
 # Environment: K3RT_GPU_SECTIONS (default "tests bench") picks from tests, memcheck, racecheck,
-# parity (scripts/gpu/k3_parity.sh), bench; K3RT_GPU_TESTS (default all) names the gpu_test_* programs to run; K3RT_BENCH_RUNS
-# (default 30) sets the timed runs per op.
+# parity (scripts/gpu/k3_parity.sh), bench; K3RT_GPU_TESTS (default all) names the gpu_test_*
+# programs to run; K3RT_BENCH_RUNS (default 30) sets the timed runs per op.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-${K3RT_BUILD:-$ROOT/build-cuda}}

@@ -3,9 +3,11 @@
 # Sets LIBPATH (for k3rt's programs only: PyTorch keeps the image's own libraries) and exports
 # it to the benchmark drivers as K3RT_BENCH_LD_LIBRARY_PATH.
 
-# Never NVLink multicast on these machines; this image's OpenBLAS misdetects the CPU.
+# Never NVLink multicast on these machines. The GPU image's OpenBLAS misdetects its CPU: name
+# the AVX-512 kernels, but only where the CPU has them (the scripts' CPU smoke runs in CI too).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OPENBLAS_CORETYPE=SkylakeX OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=SkylakeX; fi
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export PYTHONUNBUFFERED=1
 
 # Directories holding CUDA's libraries: the toolkit's first, then PyTorch's wheels.

@@ -24,11 +24,7 @@ BUILD=$(cd "$1" && pwd) || exit 1
 WORK=${2:-/tmp/k3-parity}
 PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
-if [ "$DEVICE" = cpu ]; then  # env.sh is the GPU machine's (its OpenBLAS core type, CUDA's paths)
-    LIBPATH=$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-else
-    . "$ROOT/scripts/gpu/env.sh"
-fi
+. "$ROOT/scripts/gpu/env.sh"
 export K3RT_PLUGIN_PATH=$BUILD/plugins
 FLA=${FLA:-$ROOT/.ref/fla_pkg}
 [ -d "$FLA" ] && export PYTHONPATH=$FLA${PYTHONPATH:+:$PYTHONPATH}
