@@ -267,6 +267,7 @@ void SUF(cpu_act_bwd)(int act, const REAL *x, const REAL *dy, REAL *dx, int64_t 
 }
 
 /* SwiGLU: a = silu(g), b = u.  SiTU: a = b1 tanh(g/b1) sigmoid(g), b = b2 tanh(u/b2).
+ * Sigmoid: a = sigmoid(g), b = u.
  * In blocks: a block's sigmoid and tanh first, each as one vectorised pass (R_SIGMOID_N,
  * R_TANH_DIV), then the products. */
 #define GLU_BLOCK 256
@@ -298,6 +299,11 @@ void SUF(cpu_glu_fwd)(int glu, const REAL *g, const REAL *u, REAL *out, int64_t 
 #pragma omp simd
             for (int64_t j = 0; j < len; j++)
                 o[j] = (B1 * t1[j] * sg[j]) * (B2 * t2[j]);
+        } else if (glu == K3RT_GLU_SIGMOID) {
+            const REAL *ub = u + i0;
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++)
+                o[j] = sg[j] * ub[j];
         } else {
             const REAL *gb = g + i0, *ub = u + i0;
 #pragma omp simd
@@ -327,6 +333,13 @@ void SUF(cpu_glu_bwd)(int glu, const REAL *g, const REAL *u, const REAL *dout, R
                 REAL db = one - t2[j] * t2[j];
                 dgb[j] = dy[j] * b * da;
                 dub[j] = dy[j] * a * db;
+            }
+        } else if (glu == K3RT_GLU_SIGMOID) {
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) {
+                REAL s = sg[j], d = dy[j];
+                dgb[j] = d * ub[j] * s * (one - s);
+                dub[j] = d * s;
             }
         } else {
 #pragma omp simd

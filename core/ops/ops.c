@@ -148,7 +148,7 @@ int k3rt_act_bwd(k3rt_stream *s, int dtype, int act, const void *x, const void *
 
 static int check_glu(int glu, double b1, double b2, k3rt_error *err)
 {
-    if (glu != K3RT_GLU_SWIGLU && glu != K3RT_GLU_SITU)
+    if (glu != K3RT_GLU_SWIGLU && glu != K3RT_GLU_SITU && glu != K3RT_GLU_SIGMOID)
         return k3rt_fail(err, K3RT_ERR_INVALID, "unknown GLU variant %d", glu);
     if (glu == K3RT_GLU_SITU && (!(b1 > 0) || !(b2 > 0)))
         return k3rt_fail(err, K3RT_ERR_INVALID, "SiTU-GLU needs beta1 > 0 and beta2 > 0 "

@@ -5,7 +5,11 @@
 # on the GPU, then scripts/bench/torch_k3.py's pure path (f32 on the CPU: no TF32) reproduces the
 # loss and every parameter's gradient with k3rt's expert choice given (near-ties):
 #   f32 k3rt:  loss within 1e-5 relative, every gradient within 1e-4 relative rms;
-#   bf16 k3rt: loss within 2e-3, every gradient within 3e-2.
+#   bf16 k3rt: loss within 2e-3, every gradient within 3e-2 or twice its bf16 floor, whichever
+#              is larger. The floor is the pure path's own error when only the weights and the
+#              projections' operands and results are rounded to bf16 (torch_k3.py
+#              --bf16-floor): no bf16 run can be closer to f32 than that, and on these batches
+#              it is above 3e-2 for some parameters (docs/PERFORMANCE.md, "bf16 parity").
 # Models: tiny.lua (the main job's model: kda, mla, latent_moe with quantile balancing,
 # block_attnres, per_head_muon) and k3_mini.lua cut to its first four layers (three KDA, one MLA
 # with QK-clip; d_model 1024, 64 experts) at batch 1 x 512. Builds nothing (BUILD is a carried
@@ -19,7 +23,7 @@
 #   checked against them; both bf16 lists are printed per parameter (--verbose).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-[ $# -ge 1 ] || { sed -n 2,16p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,22p "$0" >&2; exit 2; }
 BUILD=$(cd "$1" && pwd) || exit 1
 WORK=${2:-/tmp/k3-parity}
 PY=${PY:-python3}
@@ -49,11 +53,11 @@ case_() {
         echo "FAIL: k3rt on $name:"; tail -20 "$log"; fail=1; return
     fi
     tail -1 "$log"
-    local verbose=""
-    [ "${PEER:-0}" = 1 ] && [ "$dt" = bf16 ] && verbose=--verbose
+    local bf16=()
+    [ "$dt" = bf16 ] && bf16=(--bf16-floor 2 --verbose)
     "$PY" scripts/bench/torch_k3.py --ckpt "$out" --check "$out.grads" --dtype f32 \
-        --forced-routing --loss-rtol "$lt" --grad-rtol "$gt" $verbose || fail=1
-    if [ -n "$verbose" ]; then
+        --forced-routing --loss-rtol "$lt" --grad-rtol "$gt" "${bf16[@]}" || fail=1
+    if [ "${PEER:-0}" = 1 ] && [ "$dt" = bf16 ]; then
         echo "-- $name: the peer's bf16 fast path against k3rt's f32 CPU gradients (reference only)"
         if k3 eval "$out/checkpoints" --device cpu --grads "$out.f32.grads" >>"$log" 2>&1; then
             "$PY" scripts/bench/torch_k3.py --ckpt "$out" --check "$out.f32.grads" --path fast \

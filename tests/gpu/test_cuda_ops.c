@@ -538,6 +538,13 @@ START_TEST(rmsnorm_vs_cpu)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int v = 0; v < 2; v++)
                 rmsnorm_case(DT[d], shapes[s][0], shapes[s][1], s % 2 == 0 || v, v);
+    /* the one-pass backward's row widths (dx and the gain gradient together), with a last
+     * block of fewer than its 64 rows, and beside them widths it leaves to the two passes */
+    const int64_t fused[][2] = {{200, 128}, {131, 256}, {70, 512}, {65, 1024}, {3, 1024}};
+    for (int d = 0; d < 2; d++)
+        for (size_t s = 0; s < sizeof fused / sizeof fused[0]; s++)
+            for (int v = 0; v < 2; v++)
+                rmsnorm_case(DT[d], fused[s][0], fused[s][1], 1, v);
 }
 END_TEST
 
@@ -695,7 +702,8 @@ static double bf16_nearest(double v)
 }
 
 /* bf16 results within 1.25x of the best a bf16 answer can be, the exact value rounded (the
- * SiTU-GLU's fast tanh, exp and division on bf16 data must cost less than rounding does) */
+ * SiTU and sigmoid GLUs' fast tanh, exp and division on bf16 data must cost less than rounding
+ * does) */
 static void expect_near_rounding(const char *what, const double *ref, const darr *got)
 {
     double *x = download(got), *r = malloc((size_t)got->n * sizeof *r);
@@ -711,8 +719,11 @@ START_TEST(glu_vs_cpu)
 {
     k3rt_error err = {0};
     for (int d = 0; d < 2; d++)
-        for (int glu = K3RT_GLU_SWIGLU; glu <= K3RT_GLU_SITU; glu++)
+        for (int glu = K3RT_GLU_SWIGLU; glu <= K3RT_GLU_SIGMOID; glu++)
             for (size_t l = 0; l < sizeof LENS / sizeof LENS[0]; l++) {
+                static const char *name[][3] = {{"swiglu fwd", "swiglu dgate", "swiglu dup"},
+                                                {"situ fwd", "situ dgate", "situ dup"},
+                                                {"sigmoid fwd", "sigmoid dgate", "sigmoid dup"}};
                 int64_t n = LENS[l];
                 double b1 = 4.0, b2 = 25.0;
                 darr g = rnd(DT[d], n, 3.0), u = rnd(DT[d], n, 10.0), dout = rnd(DT[d], n, 1.0);
@@ -725,13 +736,21 @@ START_TEST(glu_vs_cpu)
                                    &err), err);
                 TU_OK(k3rt_glu_bwd(G, DT[d], glu, g.dev, u.dev, dout.dev, dg.dev, du.dev, n, b1,
                                    b2, &err), err);
-                expect_close(glu ? "situ fwd" : "swiglu fwd", orf, &o);
-                expect_close(glu ? "situ dgate" : "swiglu dgate", dgr, &dg);
-                expect_close(glu ? "situ dup" : "swiglu dup", dur, &du);
-                if (DT[d] == K3RT_BF16 && glu == K3RT_GLU_SITU && n > 1000) {
-                    expect_near_rounding("situ fwd", orf, &o);
-                    expect_near_rounding("situ dgate", dgr, &dg);
-                    expect_near_rounding("situ dup", dur, &du);
+                expect_close(name[glu][0], orf, &o);
+                expect_close(name[glu][1], dgr, &dg);
+                expect_close(name[glu][2], dur, &du);
+                if (glu == K3RT_GLU_SIGMOID) {  /* dup in place of dout (the MLA gate's use) */
+                    darr dd = poisoned(DT[d], n);
+                    TU_OK(k3rt_memcpy(G, dd.dev, 0, dout.dev, 0, nbytes(DT[d], n), &err), err);
+                    TU_OK(k3rt_glu_bwd(G, DT[d], glu, g.dev, u.dev, dd.dev, dg.dev, dd.dev, n, b1,
+                                       b2, &err), err);
+                    expect_close("sigmoid dup in place", dur, &dd);
+                    drop(&dd);
+                }
+                if (DT[d] == K3RT_BF16 && glu != K3RT_GLU_SWIGLU && n > 1000) {
+                    expect_near_rounding(name[glu][0], orf, &o);
+                    expect_near_rounding(name[glu][1], dgr, &dg);
+                    expect_near_rounding(name[glu][2], dur, &du);
                 }
                 free(orf), free(dgr), free(dur);
                 drop(&g), drop(&u), drop(&dout), drop(&o), drop(&dg), drop(&du);
@@ -920,12 +939,34 @@ END_TEST
 
 /* ---- determinism ----------------------------------------------------------------------------- */
 
+/* The RMSNorm backward twice on the same inputs: the same dx and gain gradient bits. */
+static void rmsnorm_bwd_twice(int dt, int64_t n, int64_t d)
+{
+    k3rt_error err = {0};
+    darr x = rnd(dt, n * d, 1.0), g = rnd(dt, d, 1.0), y = poisoned(dt, n * d);
+    darr r = poisoned(K3RT_F32, n), dy = rnd(dt, n * d, 1.0);
+    darr dg1 = rnd(K3RT_F32, d, 1.0), dg2 = alloc_arr(K3RT_F32, d);
+    memcpy(dg2.ref, dg1.ref, (size_t)d * sizeof(double));
+    upload(&dg2);
+    darr dx1 = poisoned(dt, n * d), dx2 = poisoned(dt, n * d);
+    TU_OK(k3rt_rmsnorm_fwd(G, dt, x.dev, g.dev, y.dev, r.dev, n, d, 1e-5, &err), err);
+    TU_OK(k3rt_rmsnorm_bwd(G, dt, x.dev, g.dev, r.dev, dy.dev, dx1.dev, dg1.dev, n, d, 0, &err),
+          err);
+    TU_OK(k3rt_rmsnorm_bwd(G, dt, x.dev, g.dev, r.dev, dy.dev, dx2.dev, dg2.dev, n, d, 0, &err),
+          err);
+    expect_same_bits("rmsnorm_bwd dx (one pass)", &dx1, &dx2);
+    expect_same_bits("rmsnorm_bwd dgain (one pass)", &dg1, &dg2);
+    drop(&x), drop(&g), drop(&y), drop(&r), drop(&dy), drop(&dg1), drop(&dg2), drop(&dx1),
+        drop(&dx2);
+}
+
 /* Ops that reduce (column sums, row statistics, products) give the same bits twice. */
 START_TEST(reductions_are_deterministic)
 {
     k3rt_error err = {0};
     const int64_t n = 3000, d = 1000, in = 256, out = 96;
     for (int k = 0; k < 2; k++) {
+        rmsnorm_bwd_twice(DT[k], n, 1024);  /* the one-pass backward's width */
         int dt = DT[k];
         darr x = rnd(dt, n * d, 1.0), g = rnd(dt, d, 1.0), y = poisoned(dt, n * d);
         darr r = poisoned(K3RT_F32, n);

@@ -10,6 +10,7 @@
 #   f32 (the main job's model with k3rt's expert choice given, and dense_mla.lua at small
 #       widths through torch_dense.py): loss 1e-5, gradients 1e-4;
 #   and a mismatched pair (f32 gradients against f64 weights at the f64 tolerances) must fail;
+#   --bf16-floor's bound (the bf16 runs' on the GPU) passes at twice the floor and fails below it;
 #   scripts/bench/step.sh and scripts/gpu/k3_parity.sh run end to end on the CPU.
 # Skips (77) when no python3 with torch is found (K3RT_TORCH_PYTHON names one).
 # usage: torch_parity.sh K3RT_BINARY SOURCE_DIR
@@ -69,6 +70,15 @@ run dense_mla_f32 scripts/recipes/dense_mla.lua --set model.layers=2 --set model
     --set model.ffn.hidden=128 &&
     PEER="$PY scripts/bench/torch_dense.py" expect pass dense_mla_f32 "$TMP/dense_mla_f32.grads" \
         "${F32[@]}"
+# --bf16-floor (k3_parity.sh's bf16 cases): every parameter's floor is well above f32's
+# differences, so k3rt's f32 gradients pass at twice it with no other tolerance, and fail at
+# 1e-9 times it
+if [ -f "$TMP/k3_f32.grads" ]; then
+    expect pass k3_f32 "$TMP/k3_f32.grads" --dtype f32 --loss-rtol 1e-5 --grad-rtol 1e-12 \
+        --bf16-floor 2 --forced-routing
+    expect fail k3_f32 "$TMP/k3_f32.grads" --dtype f32 --loss-rtol 1e-5 --grad-rtol 1e-12 \
+        --bf16-floor 1e-9 --forced-routing
+fi
 [ -f "$TMP/k3_f32.grads" ] && [ -d "$TMP/k3_f64" ] &&
     expect fail k3_f64 "$TMP/k3_f32.grads" "${TIGHT[@]}"
 # scripts/bench/step.sh end to end on the CPU (pure paths, host clock): its table must have

@@ -181,12 +181,20 @@ START_TEST(glu_backwards_and_situ_bound)
     tu_randn(u, N * D, 30.0, 10);
     tu_randn(dy, N * D, 1.0, 11);
     k3rt_error err = {0};
-    for (int glu = K3RT_GLU_SWIGLU; glu <= K3RT_GLU_SITU; glu++) {
+    for (int glu = K3RT_GLU_SWIGLU; glu <= K3RT_GLU_SIGMOID; glu++) {
         TU_OK(k3rt_glu_bwd(S, K3RT_F64, glu, g, u, dy, dg, du, N * D, 4.0, 25.0, &err), err);
         act_ctx cg = {0, glu, 0, u}, cu = {0, glu, 1, g};
         ck_assert_double_lt(fd_worst(act_fwd, g, N * D, N * D, dy, dg, &cg), 1e-6);
         ck_assert_double_lt(fd_worst(act_fwd, u, N * D, N * D, dy, du, &cu), 1e-6);
     }
+    /* the sigmoid gate: out = sigmoid(g) u, and dup may be dout itself */
+    TU_OK(k3rt_glu_fwd(S, K3RT_F64, K3RT_GLU_SIGMOID, g, u, out, N * D, 0, 0, &err), err);
+    ck_assert_double_eq_tol(out[5], u[5] / (1 + exp(-g[5])), 1e-12);
+    double d_in_place[N * D];
+    memcpy(d_in_place, dy, sizeof dy);
+    TU_OK(k3rt_glu_bwd(S, K3RT_F64, K3RT_GLU_SIGMOID, g, u, d_in_place, dg, d_in_place, N * D, 0,
+                       0, &err), err);
+    ck_assert_mem_eq(d_in_place, du, sizeof du);
     /* SiTU: a(g) = 4 tanh(g/4) sigmoid(g), b(u) = 25 tanh(u/25); |out| <= 100 (ERRATA) */
     double gg[3] = {2.0, -1.219, 1e4}, uu[3] = {1.0, 1.0, 1e4};
     TU_OK(k3rt_glu_fwd(S, K3RT_F64, K3RT_GLU_SITU, gg, uu, out, 3, 4.0, 25.0, &err), err);

@@ -1,6 +1,7 @@
 // Activations, GLUs, axpby, mul and fill on CUDA, through the elementwise kernel. The formulas
 // are those of the CPU reference (core/ops/cpu_ops.inc.c), in fp32 with the accurate expf,
-// tanhf and log1pf (no fast-math intrinsics), except the SiTU-GLU on bf16 data (below).
+// tanhf and log1pf (no fast-math intrinsics), except the SiTU and sigmoid GLUs on bf16 data
+// (below).
 #include <type_traits>
 
 #include "ops/cuda/elementwise.cuh"
@@ -66,14 +67,15 @@ template <bool ACC> struct act_bwd_op {
 // K3-mini's 201M routed elements on the H200, where the bytes allow about 290 us. On bf16 data
 // (8 significant bits, rounding error up to 2^-9 relative) the fast forms below err by at
 // most about 2^-11 relative and the passes are bound by memory again; f32 data keeps the
-// accurate functions (the tests' 1e-5 against the CPU).
+// accurate functions (the tests' 1e-5 against the CPU). The sigmoid GLU (the attention output
+// gates) takes the same fast sigmoid on bf16.
 //   tanh: the MUFU.TANH instruction (tanh.approx.f32, relative error <= 2^-10.99);
 //   the backward's tanh and 1 - tanh^2 from one exp e = e^{-2|x|}: (1 - e)/(1 + e) and
 //   4e/(1 + e)^2, so the slope keeps its relative accuracy where tanh saturates (1 - t^2 of
 //   an approximate t would not);
 //   sigmoid: 1/(1 + e^{-x}) with the fast exp and division (0 or 1 at the ends, no NaN);
 //   x / beta as x times 1 / beta.
-struct situ_fast {
+struct glu_fast {
     __device__ static float over(float x, float b, float rb) { return x * rb; }
     __device__ static float tanh(float x)
     {
@@ -90,7 +92,7 @@ struct situ_fast {
         *s = 4.0f * e * r * r;
     }
 };
-struct situ_exact {
+struct glu_exact {
     __device__ static float over(float x, float b, float) { return x / b; }
     __device__ static float tanh(float x) { return tanhf(x); }
     __device__ static float sigmoid(float x) { return ::sigmoid(x); }
@@ -100,8 +102,8 @@ struct situ_exact {
         *s = 1.0f - *t * *t;
     }
 };
-template <typename T> using situ_math =
-    typename std::conditional<std::is_same<T, bf16>::value, situ_fast, situ_exact>::type;
+template <typename T> using glu_math =
+    typename std::conditional<std::is_same<T, bf16>::value, glu_fast, glu_exact>::type;
 
 // in: gate, up; out: glu(gate, up)
 template <typename M> struct glu_fwd_op {
@@ -113,6 +115,8 @@ template <typename M> struct glu_fwd_op {
         if (glu == K3RT_GLU_SITU)
             out[0] = (b1 * M::tanh(M::over(g, b1, r1)) * M::sigmoid(g)) *
                      (b2 * M::tanh(M::over(u, b2, r2)));
+        else if (glu == K3RT_GLU_SIGMOID)
+            out[0] = M::sigmoid(g) * u;
         else
             out[0] = g * sigmoid(g) * u;
     }
@@ -133,6 +137,10 @@ template <typename M> struct glu_bwd_op {
             float da = s1 * sg + b1 * t1 * sg * (1.0f - sg);
             out[0] = d * b * da;
             out[1] = d * a * s2;
+        } else if (glu == K3RT_GLU_SIGMOID) {
+            float sg = M::sigmoid(g);
+            out[0] = d * u * sg * (1.0f - sg);
+            out[1] = d * sg;
         } else {
             float sg = sigmoid(g);
             out[0] = d * u * sg * (1.0f + g * (1.0f - sg));
@@ -214,7 +222,7 @@ extern "C" int cuda_glu_fwd(k3rt_stream *s, int dtype, int glu, const void *gate
 {
     float b1 = (float)beta1, b2 = (float)beta2;  // unused by SwiGLU (0: r = inf)
 #define RUN(T)                                                                             \
-    ew_launch(ctx, "glu_fwd", glu_fwd_op<situ_math<T>>{glu, b1, b2, 1.0f / b1, 1.0f / b2}, \
+    ew_launch(ctx, "glu_fwd", glu_fwd_op<glu_math<T>>{glu, b1, b2, 1.0f / b1, 1.0f / b2}, \
               ew_args<T, T, 2, 1>{{(const T *)gate, (const T *)up}, {(T *)out}}, n, err)
     EW_OP("glu_fwd", dtype, n, RUN);
 #undef RUN
@@ -226,7 +234,7 @@ extern "C" int cuda_glu_bwd(k3rt_stream *s, int dtype, int glu, const void *gate
 {
     float b1 = (float)beta1, b2 = (float)beta2;
 #define RUN(T)                                                                                 \
-    ew_launch(ctx, "glu_bwd", glu_bwd_op<situ_math<T>>{glu, b1, b2, 1.0f / b1, 1.0f / b2},     \
+    ew_launch(ctx, "glu_bwd", glu_bwd_op<glu_math<T>>{glu, b1, b2, 1.0f / b1, 1.0f / b2},     \
               ew_args<T, T, 3, 2>{{(const T *)gate, (const T *)up, (const T *)dout},           \
                                   {(T *)dgate, (T *)dup}},                                     \
               n, err)

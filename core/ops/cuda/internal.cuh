@@ -152,6 +152,10 @@ int cu_matmul_run(cuda_stream_ctx *ctx, const cu_matmul &mm, k3rt_error *err);
 // rstd(i) when x is given], summed in fixed row blocks, then the blocks in order.
 int cu_colsum_accumulate(cuda_stream_ctx *ctx, int dtype, const void *dy, const void *x,
                          const float *rstd, float *out, int64_t n, int64_t d, k3rt_error *err);
+// Its second pass alone: out(d) += sum over p in order of part(p, :) (a kernel that wrote
+// per-block partial column sums itself, as the fused RMSNorm backward does).
+int cu_colsum_finish(cuda_stream_ctx *ctx, const float *part, int64_t parts, int64_t d,
+                     float *out, k3rt_error *err);
 
 // Out-of-range index record (index_error.cu): the device word kernels report into.
 enum {

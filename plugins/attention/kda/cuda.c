@@ -1,8 +1,8 @@
 /* Kimi Delta Attention on CUDA, f32 or bf16: the layer of cpu_layer.inc.c (spec §2.1) in the same
  * order, over device buffers. Projections, the per-head output RMSNorm and the beta sigmoid are
- * the shared ops (k3rt/ops.h: cuBLAS / cuBLASLt and k3rt's kernels); the short conv with SiLU and
- * the L2 norm, the forget gate and the output gate are this plugin's kernels
- * (cuda/kda_layer_cuda.h); the recurrence is kda_cuda_fwd / kda_cuda_bwd / kda_cuda_summary
+ * the shared ops (k3rt/ops.h: cuBLAS / cuBLASLt and k3rt's kernels), the output gate too (the
+ * sigmoid GLU); the short conv with SiLU and the L2 norm and the forget gate are this plugin's
+ * kernels (cuda/kda_layer_cuda.h); the recurrence is kda_cuda_fwd / kda_cuda_bwd / kda_cuda_summary
  * (cuda/kda_cuda.h), 64-token chunks whatever chunk_size says (the same function: chunk_size
  * and algorithm only choose how the CPU computes it).
  *
@@ -283,7 +283,7 @@ int kda_gpu_forward(const kda *m, const k3rt_fwd_args *a, k3rt_error *err)
     } else {
         K3RT_TRY(k3rt_linear_fwd(s, dt, c.x, c.P[KDA_G], NULL, c.sv[P_GATE], N, d, Dv, err));
     }
-    K3RT_TRY(kda_cu_ogate_fwd(c.st, dt, N * Dv, on, c.sv[P_GATE], yg, err));
+    K3RT_TRY(k3rt_glu_fwd(s, dt, K3RT_GLU_SIGMOID, c.sv[P_GATE], on, yg, N * Dv, 0, 0, err));
     return k3rt_linear_fwd(s, dt, yg, c.P[KDA_O], NULL, a->y.data, N, Dv, d, err);
 }
 
@@ -339,10 +339,11 @@ int kda_gpu_backward(const kda *m, const k3rt_bwd_args *a, k3rt_error *err)
     /* y = yg Wo^T, yg = RMSNorm(o) ⊙ sigmoid(G) (both recomputed) */
     K3RT_TRY(k3rt_rmsnorm_fwd(s, dt, sv[P_O], c.P[KDA_NORM], on, NULL, N * HV, m->dim_v,
                               m->norm_eps, err));
-    K3RT_TRY(kda_cu_ogate_fwd(c.st, dt, N * Dv, on, sv[P_GATE], yg, err));
+    K3RT_TRY(k3rt_glu_fwd(s, dt, K3RT_GLU_SIGMOID, sv[P_GATE], on, yg, N * Dv, 0, 0, err));
     K3RT_TRY(k3rt_linear_bwd(s, dt, yg, c.P[KDA_O], a->dy.data, dyg, G[KDA_O], NULL, N, Dv, d, 0,
                              err));
-    K3RT_TRY(kda_cu_ogate_bwd(c.st, dt, N * Dv, on, sv[P_GATE], dyg, don, dG, err));
+    K3RT_TRY(k3rt_glu_bwd(s, dt, K3RT_GLU_SIGMOID, sv[P_GATE], on, dyg, dG, don, N * Dv, 0, 0,
+                          err));
     if (m->rg) {
         K3RT_TRY(k3rt_linear_bwd(s, dt, sv[P_GA], c.P[KDA_GB], dG, dlow, G[KDA_GB], NULL, N,
                                  m->rg, Dv, 0, err));

@@ -38,8 +38,7 @@ static int cu_recur(const kda *m, k3rt_stream *s, int64_t B, void *S, const void
 static int cu_ogate(const kda *m, k3rt_stream *s, int64_t n, const void *on, const void *G,
                     void *yg, k3rt_error *err)
 {
-    K3RT_TRY(kda_cu_enter(m->device, err));
-    return kda_cu_ogate_fwd(k3rt_stream_native(s), m->dtype, n, on, G, yg, err);
+    return k3rt_glu_fwd(s, m->dtype, K3RT_GLU_SIGMOID, G, on, yg, n, 0, 0, err);
 }
 
 const kda_dec_kernels kda_dec_cuda = {cu_conv, cu_gate, cu_recur, cu_ogate};

@@ -104,7 +104,8 @@ int mla_forward_cuda(mla *m, const k3rt_fwd_args *a, k3rt_error *err)
     const void *og = SV(o);
     if (m->gate) {
         K3RT_TRY(k3rt_linear_fwd(s, dt, x, W[MLA_GATE], NULL, SV(z), N, d, H * dv, err));
-        K3RT_TRY(mla_gate_fwd_cuda(st, dt, SV(o), SV(z), WS(f_og), N * H * dv, err));
+        K3RT_TRY(k3rt_glu_fwd(s, dt, K3RT_GLU_SIGMOID, SV(z), SV(o), WS(f_og), N * H * dv, 0, 0,
+                              err));
         og = WS(f_og);
     }
     return k3rt_linear_fwd(s, dt, og, W[MLA_O], NULL, a->y.data, N, H * dv, d, err);
@@ -135,10 +136,11 @@ int mla_backward_cuda(mla *m, const k3rt_bwd_args *a, k3rt_error *err)
     void *dO = WS(b_g2);
     if (m->gate) {
         void *g1 = WS(b_g1);
-        K3RT_TRY(mla_gate_fwd_cuda(st, dt, SV(o), SV(z), g1, N * H * dv, err));
+        K3RT_TRY(k3rt_glu_fwd(s, dt, K3RT_GLU_SIGMOID, SV(z), SV(o), g1, N * H * dv, 0, 0, err));
         K3RT_TRY(k3rt_linear_bwd(s, dt, g1, W[MLA_O], dy, dO, G[MLA_O], NULL, N, H * dv, d, 0,
                                  err));
-        K3RT_TRY(mla_gate_bwd_cuda(st, dt, SV(o), SV(z), dO, g1, N * H * dv, err));
+        K3RT_TRY(k3rt_glu_bwd(s, dt, K3RT_GLU_SIGMOID, SV(z), SV(o), dO, g1, dO, N * H * dv, 0,
+                              0, err));
         K3RT_TRY(k3rt_linear_bwd(s, dt, x, W[MLA_GATE], g1, dx, G[MLA_GATE], NULL, N, d, H * dv,
                                  0, err));
         acc = 1;

@@ -1,7 +1,7 @@
 // The per-token loops of the MLA layer around the attention core (mla_cuda.h): assembling the
 // per-head queries and keys from their nope and shared parts, splitting their gradients back
-// (the shared key's summed over heads in order), and the sigmoid output gate. Grid-stride
-// loops over elements, fp32 arithmetic.
+// (the shared key's summed over heads in order). Grid-stride loops, 16-byte accesses where the
+// widths allow. (The sigmoid output gate is the core's k3rt_glu_* with K3RT_GLU_SIGMOID.)
 #include "cuda_common.cuh"
 
 namespace {
@@ -14,33 +14,100 @@ unsigned blocks_for(int64_t n)
     return (unsigned)(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
 }
 
-template <typename E>
-__global__ void assemble_kernel(E *dst, const E *a, int64_t wa, const E *b, int64_t wb,
-                                int shared, int64_t N, int64_t H)
+// One thread per V elements of dst (or src): V = 16 bytes of elements when both widths and
+// every pointer allow it, else 1; I is 32-bit when the count fits (the division by the row
+// width is most of a scalar copy's cost; elements and the grid stride added to an index both
+// stay below 2^31 then). Both widths are multiples of V, so no access
+// straddles the nope | shared boundary.
+template <typename E, int V> struct alignas(V * sizeof(E)) vec_t {
+    E e[V];
+};
+
+template <typename E, int V, typename I>
+__global__ void assemble_kernel(E *dst, const E *a, I wa, const E *b, I wb, int shared, I H,
+                                I n_vec)
 {
-    const int64_t w = wa + wb, n_all = N * H * w;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_all;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t c = i % w, nh = i / w;
-        dst[i] = c < wa ? a[nh * wa + c] : shared ? b[(nh / H) * wb + c - wa] : b[nh * wb + c - wa];
+    typedef vec_t<E, V> vec;
+    const I w = (wa + wb) / V;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec;
+         i += (I)gridDim.x * blockDim.x) {
+        const I c = (i % w) * V, nh = i / w;
+        const E *from = c < wa ? a + nh * wa + c : b + (shared ? nh / H : nh) * wb + (c - wa);
+        reinterpret_cast<vec *>(dst)[i] = *reinterpret_cast<const vec *>(from);
     }
 }
 
-template <typename E>
-__global__ void split_kernel(const E *src, E *a, int64_t wa, E *b, int64_t wb, int b_here,
-                             int64_t N, int64_t H)
+template <typename E, int V, typename I>
+__global__ void split_kernel(const E *src, E *a, I wa, E *b, I wb, int b_here, I n_vec)
 {
-    const int64_t w = wa + wb, n_all = N * H * w;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_all;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t c = i % w, nh = i / w;
-        if (c < wa) {
-            if (a)
-                a[nh * wa + c] = src[i];
-        } else if (b_here) {
-            b[nh * wb + c - wa] = src[i];
-        }
+    typedef vec_t<E, V> vec;
+    const I w = (wa + wb) / V;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec;
+         i += (I)gridDim.x * blockDim.x) {
+        const I c = (i % w) * V, nh = i / w;
+        E *to = c < wa ? (a ? a + nh * wa + c : nullptr) : b_here ? b + nh * wb + (c - wa)
+                                                                   : nullptr;
+        if (to)
+            *reinterpret_cast<vec *>(to) = reinterpret_cast<const vec *>(src)[i];
     }
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+// The vector width for rows of widths wa | wb at these pointers (NULL ones do not count).
+template <typename E> int vec_width(int64_t wa, int64_t wb, const void *p, const void *q,
+                                    const void *r)
+{
+    const int V = 16 / sizeof(E);
+    const bool ok = wa % V == 0 && wb % V == 0 && (!p || aligned16(p)) && (!q || aligned16(q)) &&
+                    (!r || aligned16(r));
+    return ok ? V : 1;
+}
+
+template <typename E, int V>
+void assemble_launch(cudaStream_t st, E *dst, const E *a, int64_t wa, const E *b, int64_t wb,
+                     int shared, int64_t N, int64_t H)
+{
+    const int64_t n_vec = N * H * (wa + wb) / V;
+    if (N * H * (wa + wb) < INT32_MAX / 2)
+        assemble_kernel<E, V, int32_t><<<blocks_for(n_vec), kThreads, 0, st>>>(
+            dst, a, (int32_t)wa, b, (int32_t)wb, shared, (int32_t)H, (int32_t)n_vec);
+    else
+        assemble_kernel<E, V, int64_t><<<blocks_for(n_vec), kThreads, 0, st>>>(
+            dst, a, wa, b, wb, shared, H, n_vec);
+}
+
+template <typename E>
+void assemble_t(cudaStream_t st, E *dst, const E *a, int64_t wa, const E *b, int64_t wb,
+                int shared, int64_t N, int64_t H)
+{
+    if (vec_width<E>(wa, wb, dst, a, b) > 1)
+        assemble_launch<E, 16 / sizeof(E)>(st, dst, a, wa, b, wb, shared, N, H);
+    else
+        assemble_launch<E, 1>(st, dst, a, wa, b, wb, shared, N, H);
+}
+
+template <typename E, int V>
+void split_launch(cudaStream_t st, const E *src, E *a, int64_t wa, E *b, int64_t wb, int b_here,
+                  int64_t N, int64_t H)
+{
+    const int64_t n_vec = N * H * (wa + wb) / V;
+    if (N * H * (wa + wb) < INT32_MAX / 2)
+        split_kernel<E, V, int32_t><<<blocks_for(n_vec), kThreads, 0, st>>>(
+            src, a, (int32_t)wa, b, (int32_t)wb, b_here, (int32_t)n_vec);
+    else
+        split_kernel<E, V, int64_t><<<blocks_for(n_vec), kThreads, 0, st>>>(src, a, wa, b, wb,
+                                                                           b_here, n_vec);
+}
+
+template <typename E>
+void split_t(cudaStream_t st, const E *src, E *a, int64_t wa, E *b, int64_t wb, int b_here,
+             int64_t N, int64_t H)
+{
+    if (vec_width<E>(wa, wb, src, a, b_here ? b : nullptr) > 1)
+        split_launch<E, 16 / sizeof(E)>(st, src, a, wa, b, wb, b_here, N, H);
+    else
+        split_launch<E, 1>(st, src, a, wa, b, wb, b_here, N, H);
 }
 
 // b[n, j] = sum over h in order of src[n, h, wa + j].
@@ -55,31 +122,6 @@ __global__ void head_sum_kernel(const E *src, int64_t wa, E *b, int64_t wb, int6
         for (int64_t h = 0; h < H; h++)
             s += to_f(src[(n * H + h) * w + wa + j]);
         b[i] = from_f<E>(s);
-    }
-}
-
-// sigmoid with the CPU path's clamp: z is held >= -80 so exp(-z) stays finite.
-__device__ __forceinline__ float sigmoid(float z)
-{
-    return 1.0f / (1.0f + expf(-fmaxf(z, -80.0f)));
-}
-
-template <typename E>
-__global__ void gate_fwd_kernel(const E *o, const E *z, E *g, int64_t n)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        g[i] = from_f<E>(to_f(o[i]) * sigmoid(to_f(z[i])));
-}
-
-template <typename E>
-__global__ void gate_bwd_kernel(const E *o, const E *z, E *dg, E *dz, int64_t n)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float sg = sigmoid(to_f(z[i])), d = to_f(dg[i]);
-        dz[i] = from_f<E>(d * to_f(o[i]) * sg * (1.0f - sg));
-        dg[i] = from_f<E>(d * sg);
     }
 }
 
@@ -103,11 +145,11 @@ extern "C" int mla_assemble_cuda(void *stream, int dtype, void *dst, const void 
     if (n == 0)
         return K3RT_OK;
     if (dtype == K3RT_BF16)
-        assemble_kernel<bf16><<<blocks_for(n), kThreads, 0, st>>>(
-            (bf16 *)dst, (const bf16 *)a, wa, (const bf16 *)b, wb, b_shared, N, H);
+        assemble_t<bf16>(st, (bf16 *)dst, (const bf16 *)a, wa, (const bf16 *)b, wb, b_shared, N,
+                         H);
     else
-        assemble_kernel<float><<<blocks_for(n), kThreads, 0, st>>>(
-            (float *)dst, (const float *)a, wa, (const float *)b, wb, b_shared, N, H);
+        assemble_t<float>(st, (float *)dst, (const float *)a, wa, (const float *)b, wb, b_shared,
+                          N, H);
     MLA_LAUNCHED("mla assemble_kernel");
     return K3RT_OK;
 }
@@ -122,11 +164,9 @@ extern "C" int mla_split_cuda(void *stream, int dtype, const void *src, void *a,
     int b_here = b && wb > 0 && !b_shared;
     if (n > 0 && (a || b_here)) {
         if (dtype == K3RT_BF16)
-            split_kernel<bf16><<<blocks_for(n), kThreads, 0, st>>>(
-                (const bf16 *)src, (bf16 *)a, wa, (bf16 *)b, wb, b_here, N, H);
+            split_t<bf16>(st, (const bf16 *)src, (bf16 *)a, wa, (bf16 *)b, wb, b_here, N, H);
         else
-            split_kernel<float><<<blocks_for(n), kThreads, 0, st>>>(
-                (const float *)src, (float *)a, wa, (float *)b, wb, b_here, N, H);
+            split_t<float>(st, (const float *)src, (float *)a, wa, (float *)b, wb, b_here, N, H);
         MLA_LAUNCHED("mla split_kernel");
     }
     if (b && wb > 0 && b_shared && N > 0) {
@@ -138,39 +178,5 @@ extern "C" int mla_split_cuda(void *stream, int dtype, const void *src, void *a,
                 (const float *)src, wa, (float *)b, wb, N, H);
         MLA_LAUNCHED("mla head_sum_kernel");
     }
-    return K3RT_OK;
-}
-
-extern "C" int mla_gate_fwd_cuda(void *stream, int dtype, const void *o, const void *z, void *g,
-                                 int64_t n, k3rt_error *err)
-{
-    K3RT_TRY(check_dtype(dtype, "gate", err));
-    if (n <= 0)
-        return K3RT_OK;
-    cudaStream_t st = (cudaStream_t)stream;
-    if (dtype == K3RT_BF16)
-        gate_fwd_kernel<bf16><<<blocks_for(n), kThreads, 0, st>>>(
-            (const bf16 *)o, (const bf16 *)z, (bf16 *)g, n);
-    else
-        gate_fwd_kernel<float><<<blocks_for(n), kThreads, 0, st>>>(
-            (const float *)o, (const float *)z, (float *)g, n);
-    MLA_LAUNCHED("mla gate_fwd_kernel");
-    return K3RT_OK;
-}
-
-extern "C" int mla_gate_bwd_cuda(void *stream, int dtype, const void *o, const void *z, void *dg,
-                                 void *dz, int64_t n, k3rt_error *err)
-{
-    K3RT_TRY(check_dtype(dtype, "gate", err));
-    if (n <= 0)
-        return K3RT_OK;
-    cudaStream_t st = (cudaStream_t)stream;
-    if (dtype == K3RT_BF16)
-        gate_bwd_kernel<bf16><<<blocks_for(n), kThreads, 0, st>>>(
-            (const bf16 *)o, (const bf16 *)z, (bf16 *)dg, (bf16 *)dz, n);
-    else
-        gate_bwd_kernel<float><<<blocks_for(n), kThreads, 0, st>>>(
-            (const float *)o, (const float *)z, (float *)dg, (float *)dz, n);
-    MLA_LAUNCHED("mla gate_bwd_kernel");
     return K3RT_OK;
 }

@@ -93,13 +93,6 @@ int mla_assemble_cuda(void *stream, int dtype, void *dst, const void *a, int64_t
 int mla_split_cuda(void *stream, int dtype, const void *src, void *a, int64_t wa, void *b,
                    int64_t wb, int b_shared, int64_t N, int64_t H, k3rt_error *err);
 
-/* Output gate over n elements: forward g = o sigmoid(z); backward, in place on dg (which holds
- * d(gated output)): dz = dg o sigmoid'(z) into dz, then dg = dg sigmoid(z). */
-int mla_gate_fwd_cuda(void *stream, int dtype, const void *o, const void *z, void *g, int64_t n,
-                      k3rt_error *err);
-int mla_gate_bwd_cuda(void *stream, int dtype, const void *o, const void *z, void *dg,
-                      void *dz, int64_t n, k3rt_error *err);
-
 /* Decoding (decode.cu): one query per (b, h) against the latent cache kv [B, cap, dc + dr] (ĉ,
  * then the shared key kr) of L <= cap positions: scores scale (q_abs ĉ_τ + q_r kr_τ) into
  * scores ([B, H, cap] f32 scratch), their softmax P, and ctx [B, H, dc] = sum_τ P(τ) ĉ_τ;

@@ -159,14 +159,16 @@ K3RT_API int k3rt_act_bwd(k3rt_stream *s, int dtype, int act, const void *x, con
 
 typedef enum k3rt_glu {
     K3RT_GLU_SWIGLU = 0,  /* silu(g) * u */
-    K3RT_GLU_SITU = 1     /* SiTU-GLU: beta1*tanh(g/beta1)*sigmoid(g) * beta2*tanh(u/beta2)
+    K3RT_GLU_SITU = 1,    /* SiTU-GLU: beta1*tanh(g/beta1)*sigmoid(g) * beta2*tanh(u/beta2)
                              (K3 defaults beta1 = 4, beta2 = 25; |out| <= beta1*beta2) */
+    K3RT_GLU_SIGMOID = 2  /* sigmoid(g) * u: the original GLU, and the attention layers'
+                             sigmoid output gates (g the gate logits, u the heads' output) */
 } k3rt_glu;
 
 /* out(n) = glu(gate, up); beta1/beta2 are used by SiTU only. */
 K3RT_API int k3rt_glu_fwd(k3rt_stream *s, int dtype, int glu, const void *gate, const void *up,
                           void *out, int64_t n, double beta1, double beta2, k3rt_error *err);
-/* dgate, dup overwritten. */
+/* dgate, dup overwritten; dup may alias dout (each element is read before it is written). */
 K3RT_API int k3rt_glu_bwd(k3rt_stream *s, int dtype, int glu, const void *gate, const void *up,
                           const void *dout, void *dgate, void *dup, int64_t n, double beta1,
                           double beta2, k3rt_error *err);

@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 #define K3RT_ABI_MAJOR 2
-#define K3RT_ABI_MINOR 2
+#define K3RT_ABI_MINOR 3
 
 /* ---- Kinds and capabilities ------------------------------------------------------------------ */
 

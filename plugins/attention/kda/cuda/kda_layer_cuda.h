@@ -66,13 +66,6 @@ int kda_cu_gate_bwd(void *stream, int dtype, int64_t N, int64_t HV, int64_t dk, 
                     const void *zf, const void *a_log, const void *dt_bias, const void *dg,
                     void *dzf, float *part, float *d_dt_bias, float *d_a_log, k3rt_error *err);
 
-/* Output gate over n elements: yg = on sigmoid(G); backward don = dyg sigmoid(G),
- * dG = dyg on sigmoid'(G) (overwritten). */
-int kda_cu_ogate_fwd(void *stream, int dtype, int64_t n, const void *on, const void *G, void *yg,
-                     k3rt_error *err);
-int kda_cu_ogate_bwd(void *stream, int dtype, int64_t n, const void *on, const void *G,
-                     const void *dyg, void *don, void *dG, k3rt_error *err);
-
 /* Decoding (decode.cu), one token per sequence: hist [B, W-1, C] (the conv inputs of the last
  * W-1 tokens, oldest first) drops its oldest row and appends p [B, C]; and one token of the
  * recurrence on the fp32 state S [B, HV, D, D] (dk = dv = D in {32, 64, 128}) from q, k

@@ -1,11 +1,11 @@
 // The KDA layer's elementwise kernels around the recurrence (kda_layer_cuda.h): short conv +
-// SiLU (+ per-head L2 norm) forward and backward, the safe forget gate, the output gate, and the
-// fixed-order partial sums behind their parameter gradients.
+// SiLU (+ per-head L2 norm) forward and backward, the safe forget gate, and the fixed-order
+// partial sums behind their parameter gradients. (The output gate is the core's sigmoid GLU.)
 //
 // Tiling. The conv kernels give a thread 8 channels of 16 tokens (the section below says how
-// the backward does everything in one pass); the gate forward and the output gate give a
-// thread 8 elements, the gate backward one. Parameter gradients sum KDA_CU_SUM_ROWS tokens per
-// block into partials, then one pass adds the partials in block order. None does more than a
+// the backward does everything in one pass); the gate forward gives a thread 8 elements, the
+// gate backward one. Parameter gradients sum KDA_CU_SUM_ROWS tokens per block into partials,
+// then one pass adds the partials in block order. None does more than a
 // few FLOPs per byte, so each reads its inputs once (a conv's W - 1 earlier rows stay in
 // registers) and writes its outputs once; the conv kernels also stay short of the bytes'
 // time by the latency of their per-token chains (sigm below says what that cost).
@@ -614,42 +614,6 @@ __global__ void gate_finish_kernel(const float *part_z, const float *part_a, int
         d_alog[h] += head;
 }
 
-template <typename E>
-__global__ void ogate_fwd_kernel(int64_t n, const E *on, const E *G, E *yg, int vec)
-{
-    const int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * kVec;
-    if (i0 >= n)
-        return;
-    float o[kVec], gt[kVec];
-    load8(on + i0, vec, o);
-    load8(G + i0, vec, gt);
-#pragma unroll
-    for (int i = 0; i < kVec; i++)
-        o[i] *= sigm<E>(gt[i]);
-    store8(yg + i0, vec, o);
-}
-
-template <typename E>
-__global__ void ogate_bwd_kernel(int64_t n, const E *on, const E *G, const E *dyg, E *don, E *dG,
-                                 int vec)
-{
-    const int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * kVec;
-    if (i0 >= n)
-        return;
-    float o[kVec], gt[kVec], d[kVec];
-    load8(on + i0, vec, o);
-    load8(G + i0, vec, gt);
-    load8(dyg + i0, vec, d);
-#pragma unroll
-    for (int i = 0; i < kVec; i++) {
-        const float sg = sigm<E>(gt[i]);
-        gt[i] = d[i] * o[i] * sg * (1.0f - sg);
-        o[i] = d[i] * sg;
-    }
-    store8(dG + i0, vec, gt);
-    store8(don + i0, vec, o);
-}
-
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 // vec: every [N, C] row the kernels load or store starts on 16 bytes (C is a multiple of 32).
@@ -848,42 +812,3 @@ extern "C" int kda_cu_gate_bwd(void *stream, int dtype, int64_t N, int64_t HV, i
     return K3RT_OK;
 }
 
-extern "C" int kda_cu_ogate_fwd(void *stream, int dtype, int64_t n, const void *on,
-                                const void *G, void *yg, k3rt_error *err)
-{
-    K3RT_TRY(check(dtype, "output gate", err));
-    K3RT_TRY(check_vec8(n, "output gate: elements", err));
-    const int vec = aligned16(on) && aligned16(G) && aligned16(yg);
-    const unsigned grid = blocks_for(n, kThreads * kVec);
-    cudaStream_t st = (cudaStream_t)stream;
-    if (dtype == K3RT_BF16)
-        ogate_fwd_kernel<bf16><<<grid, kThreads, 0, st>>>(n, (const bf16 *)on, (const bf16 *)G,
-                                                          (bf16 *)yg, vec);
-    else
-        ogate_fwd_kernel<float><<<grid, kThreads, 0, st>>>(n, (const float *)on,
-                                                           (const float *)G, (float *)yg, vec);
-    KDA_LAUNCHED("kda ogate_fwd_kernel");
-    return K3RT_OK;
-}
-
-extern "C" int kda_cu_ogate_bwd(void *stream, int dtype, int64_t n, const void *on,
-                                const void *G, const void *dyg, void *don, void *dG,
-                                k3rt_error *err)
-{
-    K3RT_TRY(check(dtype, "output gate backward", err));
-    K3RT_TRY(check_vec8(n, "output gate backward: elements", err));
-    const int vec = aligned16(on) && aligned16(G) && aligned16(dyg) && aligned16(don) &&
-                    aligned16(dG);
-    const unsigned grid = blocks_for(n, kThreads * kVec);
-    cudaStream_t st = (cudaStream_t)stream;
-    if (dtype == K3RT_BF16)
-        ogate_bwd_kernel<bf16><<<grid, kThreads, 0, st>>>(n, (const bf16 *)on, (const bf16 *)G,
-                                                          (const bf16 *)dyg, (bf16 *)don,
-                                                          (bf16 *)dG, vec);
-    else
-        ogate_bwd_kernel<float><<<grid, kThreads, 0, st>>>(n, (const float *)on,
-                                                           (const float *)G, (const float *)dyg,
-                                                           (float *)don, (float *)dG, vec);
-    KDA_LAUNCHED("kda ogate_bwd_kernel");
-    return K3RT_OK;
-}
